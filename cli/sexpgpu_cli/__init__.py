@@ -1,0 +1,1 @@
+"""The ``sexpgpu`` command line (click)."""

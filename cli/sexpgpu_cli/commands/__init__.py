@@ -1,0 +1,1 @@
+"""Built-in subcommands, one module each, imported only when invoked or listed."""

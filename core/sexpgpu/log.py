@@ -1,0 +1,63 @@
+"""Structured logging for the CLI and the run loop (structlog).
+
+Readable lines on a terminal, one JSON object per line with ``--log-format
+json``. Values under keys that look like secrets are masked wherever they are
+logged from.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+from typing import Any
+
+import structlog
+
+_SECRET_KEY = re.compile(r"(secret|token|password|credential|access_key|api_key|session_key)", re.I)
+_configured = False
+
+
+def _mask_secrets(logger: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
+    for key in list(event):
+        if key != "event" and _SECRET_KEY.search(key):
+            event[key] = "***"
+    return event
+
+
+def configure(level: str = "info", fmt: str = "auto", stream: Any = None) -> None:
+    """Set up structlog once per process: ``fmt`` is ``console``, ``json`` or ``auto``
+    (console on a terminal, JSON otherwise)."""
+    global _configured
+    stream = stream or sys.stderr
+    if fmt == "auto":
+        fmt = "console" if stream.isatty() else "json"
+    renderer: Any
+    if fmt == "json":
+        renderer = structlog.processors.JSONRenderer(sort_keys=False)
+    else:
+        renderer = structlog.dev.ConsoleRenderer(colors=stream.isatty())
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            _mask_secrets,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(
+            logging.getLevelNamesMapping().get(level.upper(), logging.INFO)
+            if hasattr(logging, "getLevelNamesMapping")
+            else getattr(logging, level.upper(), logging.INFO)
+        ),
+        logger_factory=structlog.PrintLoggerFactory(file=stream),
+        cache_logger_on_first_use=False,
+    )
+    _configured = True
+
+
+def get_logger(name: str = "sexpgpu") -> Any:
+    """A structlog logger; configures the defaults on first use."""
+    if not _configured:
+        configure()
+    return structlog.get_logger(name)
