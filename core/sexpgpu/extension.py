@@ -24,36 +24,46 @@ if TYPE_CHECKING:
 class Trainer(Protocol):
     """What a lowering builds for a run: the step and eval functions over live tensors.
 
-    A step is split so that nothing changes until it is committed:
-    ``propose`` runs forward, backward and the optimizer into new tensors;
-    ``find_non_finite`` looks at a proposal (one fused check, one host sync);
-    ``commit`` makes it the current state.
+    One trainer serves every stage of a program. A step is split so that
+    nothing changes until it is committed: ``propose`` runs forward, backward
+    and the optimizer into new tensors; ``find_non_finite`` looks at a proposal
+    (one fused check, one host sync); ``commit`` makes it the current state.
+    Optimizer states belong to a stage: entering a stage whose optimizer
+    differs starts its states afresh.
     """
 
     choices: Mapping[str, str]
     """Choice site -> implementation name, as made or as pinned."""
 
-    def propose(self, batch: Mapping[str, np.ndarray], *, stage: int, step: int, lr: float) -> Any:
-        """Forward, backward and optimizer update for one batch, into new tensors.
+    def init_params(self) -> None:
+        """Initialise every parameter from the run's seed (``(seed, "init", path)``)."""
 
-        Returns an opaque proposal carrying at least ``loss`` (a float) as ``proposal.loss``.
+    def propose(self, batch: Mapping[str, np.ndarray], *, stage: int, step: int, lr: float) -> Any:
+        """Forward, backward and optimizer update for one batch of ``stage``, into new tensors.
+
+        ``step`` is the 1-based global number of the step being taken (it seeds
+        dropout). Returns an opaque proposal with ``proposal.loss`` (a float).
         """
 
     def find_non_finite(self, proposal: Any) -> tuple[str, str, int] | None:
         """``None`` when every proposed tensor is finite, else (kind, name, count):
-        kind is ``parameter`` or ``state``; name is ``path`` or ``path/state``."""
+        kind is ``parameter`` or ``state``; name is ``path`` or ``path/state``; the
+        first offender in parameter order, parameters before their states."""
 
     def commit(self, proposal: Any) -> None:
         """Make the proposal the current parameters and optimizer states."""
 
     def export(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-        """Host copies of (parameters by path, states by ``path/state``), bf16 as f32."""
+        """Host copies of (parameters by path, current stage's states by ``path/state``),
+        ``bf16`` as ``f32``; safe to write while training goes on."""
 
-    def restore(self, params: Mapping[str, np.ndarray], states: Mapping[str, np.ndarray]) -> None:
-        """Take parameters and states back from a checkpoint (the inverse of ``export``)."""
+    def restore(
+        self, params: Mapping[str, np.ndarray], states: Mapping[str, np.ndarray], *, stage: int
+    ) -> None:
+        """Take parameters and ``stage``'s optimizer states back from a checkpoint."""
 
     def evaluate(self, pass_name: str, batch: Mapping[str, np.ndarray]) -> dict[str, float]:
-        """Run an eval pass's graph on one batch; returns each metric's value."""
+        """Run an eval pass's graph on one batch (no dropout, no gradients); each metric's value."""
 
 
 class Lowering(Protocol):
@@ -64,16 +74,16 @@ class Lowering(Protocol):
         program: Program,
         *,
         device: str,
-        stage: int,
         kernels: Sequence[KernelInfo],
         optimizers: Mapping[str, OptimizerInfo],
         pinned: Mapping[str, str] | None,
     ) -> Trainer:
-        """Build a :class:`Trainer` for ``program`` on ``device``.
+        """Build a :class:`Trainer` for ``program`` on ``device`` (``cpu``, ``cuda``, ``cuda:1``).
 
         ``kernels`` are every available kernel; the lowering picks one per choice
-        site by the rule in docs/plugins.md, or takes ``pinned[site]`` when given
-        (raising ``E-CHOICE-001`` when a pinned choice cannot be taken here).
+        site by the rule in :class:`KernelInfo`, or takes ``pinned[site]`` when
+        given, raising :class:`sexpgpu.errors.CheckpointError` with code
+        ``E-CHOICE-001`` when a pinned choice cannot be taken here.
         """
 
 
