@@ -2,9 +2,23 @@
 
 from __future__ import annotations
 
+from sexpgpu.extension import MetricsSinkInfo
 from sexpgpu.hookspecs import hookimpl
 
 
+def _open(metrics_dir: str, slug: str):
+    from sexpgpu_jsonl.sink import JsonlSink
+
+    return JsonlSink(metrics_dir, slug)
+
+
 @hookimpl
-def sexpgpu_metrics_sinks():
-    return []
+def sexpgpu_metrics_sinks() -> list[MetricsSinkInfo]:
+    """The ``jsonl`` sink (the default of ``--metrics-sink``)."""
+    return [
+        MetricsSinkInfo(
+            name="jsonl",
+            factory=_open,
+            doc="appends every event as one JSON line to <metrics-dir>/<slug>/events.jsonl",
+        )
+    ]

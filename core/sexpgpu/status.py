@@ -1,0 +1,135 @@
+"""The status file: where a run is, in one small JSON file a person or a scheduler can read.
+
+``<metrics-dir>/<slug>/status.json`` holds ``state`` (``running``,
+``interrupted``, ``finished`` or ``failed``), ``summary`` (the state, or
+``failed: <error>``), ``error``, ``step``, ``checkpoint`` (the last
+checkpoint's location or ``null``), ``slug`` and ``updated`` (unix seconds).
+Every write replaces the whole file atomically (temporary file, fsync,
+rename), so a reader never sees half of one. A run killed outright writes
+nothing more: its file keeps reading ``running``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["STATES", "StatusFile", "read_status", "status_path"]
+
+STATES = ("running", "interrupted", "finished", "failed")
+"""The values of ``state``."""
+
+STATUS_FILE = "status.json"
+
+
+def status_path(metrics_dir: str | os.PathLike[str], slug: str) -> Path:
+    """Where the status file of experiment ``slug`` lives: ``<metrics-dir>/<slug>/status.json``."""
+    return Path(metrics_dir) / slug / STATUS_FILE
+
+
+def read_status(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The status file at ``path`` as a dict (raises :class:`OSError` when absent)."""
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+class StatusFile:
+    """Writes a run's status file; cheap enough to call from the step loop.
+
+    :meth:`update` changes fields and writes at once (start, checkpoint, end);
+    :meth:`progress` records the step and writes at most once every
+    ``min_interval`` seconds. A write that fails (a full disk) is logged and
+    does not stop the run: the status file reports on a run, it is not the run.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, min_interval: float = 1.0) -> None:
+        self.path = Path(path)
+        self.min_interval = min_interval
+        self.fields: dict[str, Any] = {
+            "state": "running",
+            "summary": "running",
+            "error": None,
+            "step": 0,
+            "checkpoint": None,
+            "slug": self.path.parent.name,
+            "updated": None,
+        }
+        self._last_write = float("-inf")
+        self._dirty = False
+        self._warned = False
+
+    def update(self, **fields: Any) -> bool:
+        """Set ``fields`` and write the file now. Returns whether the write succeeded.
+
+        ``state`` must be one of :data:`STATES`; ``summary`` follows it
+        (``failed: <error>`` for ``failed``) and ``error`` is cleared when the
+        state is not ``failed``. Other keys (``steps``, ``tokens``...) are kept
+        as given; every value must be JSON-able. Raises :class:`ValueError` for
+        an unknown state.
+        """
+        state = fields.get("state", self.fields["state"])
+        if state not in STATES:
+            raise ValueError(f"unknown run state {state!r}; expected one of {', '.join(STATES)}")
+        self.fields.update(fields)
+        if state == "failed":
+            error = self.fields.get("error") or "unknown error"
+            self.fields["error"] = error
+            self.fields["summary"] = f"failed: {error}"
+        else:
+            self.fields["error"] = None
+            self.fields["summary"] = state
+        return self._write()
+
+    def progress(self, step: int, **fields: Any) -> bool:
+        """Record that the run is at ``step``; write only if the last write is at
+        least ``min_interval`` seconds old. Returns whether it wrote."""
+        self.fields["step"] = int(step)
+        self.fields.update(fields)
+        self._dirty = True
+        if time.monotonic() - self._last_write < self.min_interval:
+            return False
+        return self._write()
+
+    def flush(self) -> bool:
+        """Write what :meth:`progress` held back, if anything. Returns whether it wrote."""
+        return self._write() if self._dirty else False
+
+    def _write(self) -> bool:
+        self.fields["updated"] = time.time()
+        data = json.dumps(self.fields, indent=1, sort_keys=False) + "\n"
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                view = memoryview(data.encode("utf-8"))
+                while view:
+                    view = view[os.write(fd, view) :]
+                # fsync before the rename: after a crash the file is the old
+                # one or the new one, never an empty one.
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, self.path)
+        except OSError as exc:
+            try:
+                tmp.unlink(missing_ok=True)
+            except OSError:
+                pass
+            if not self._warned:
+                from sexpgpu.log import get_logger
+
+                get_logger("sexpgpu.status").warning(
+                    "cannot write the status file",
+                    path=str(self.path),
+                    error=exc.strerror or str(exc),
+                )
+                self._warned = True
+            return False
+        self._last_write = time.monotonic()
+        self._dirty = False
+        self._warned = False
+        return True

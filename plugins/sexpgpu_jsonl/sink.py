@@ -1,0 +1,127 @@
+"""The JSONL sink and a reader for what it writes."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+EVENTS_FILE = "events.jsonl"
+
+
+def events_path(metrics_dir: str | os.PathLike[str], slug: str) -> Path:
+    """Where the JSONL sink writes experiment ``slug``: ``<metrics-dir>/<slug>/events.jsonl``."""
+    return Path(metrics_dir) / slug / EVENTS_FILE
+
+
+def _strict(value: Any) -> Any:
+    # Strict JSON has no NaN or Infinity (jq and most parsers refuse Python's
+    # tokens), so a non-finite float is written as the string Python's
+    # float() reads back: "NaN", "Infinity", "-Infinity".
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, Mapping):
+        return {str(k): _strict(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict(v) for v in value]
+    return value
+
+
+def encode_event(event: Mapping[str, Any]) -> bytes:
+    """One event as one line of strict JSON (UTF-8, ending in a newline)."""
+    try:
+        text = json.dumps(event, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (ValueError, TypeError):
+        # A non-finite number or a value JSON does not know (a Path): rare,
+        # so only then pay for walking the event.
+        text = json.dumps(
+            _strict(event), separators=(",", ":"), ensure_ascii=False, allow_nan=False, default=str
+        )
+    return text.encode("utf-8") + b"\n"
+
+
+class JsonlSink:
+    """Appends events to ``<metrics-dir>/<slug>/events.jsonl``, one write per batch.
+
+    The file is opened for appending, so a resumed run (same slug) adds to the
+    same file. Each batch is one ``write`` on an ``O_APPEND`` descriptor, so it
+    is in the file (visible to ``tail -f``) when ``write`` returns, and lines
+    from two processes reporting into one experiment never interleave.
+    """
+
+    name = "jsonl"
+
+    def __init__(self, metrics_dir: str | os.PathLike[str], slug: str) -> None:
+        self.path = events_path(metrics_dir, slug)
+        self._fd: int | None = None
+        self._open()
+
+    def _open(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            # A run killed in the middle of a write leaves a torn last line:
+            # end it, so the next event starts a line of its own and only the
+            # torn one is unreadable.
+            size = os.fstat(fd).st_size
+            if size:
+                with open(self.path, "rb") as f:
+                    f.seek(size - 1)
+                    if f.read(1) != b"\n":
+                        os.write(fd, b"\n")
+        except BaseException:
+            os.close(fd)
+            raise
+        self._fd = fd
+
+    def write(self, events: Sequence[Mapping[str, Any]]) -> None:
+        """Append ``events`` as lines; raises :class:`OSError` when the file cannot take them."""
+        if self._fd is None:
+            # The last write failed part way: start again on a fresh line.
+            self._open()
+        data = memoryview(b"".join(encode_event(e) for e in events))
+        try:
+            while data:
+                data = data[os.write(self._fd, data) :]
+        except BaseException:
+            self._drop()
+            raise
+
+    def _drop(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        """Make the file durable (fsync) and close it."""
+        if self._fd is None:
+            return
+        try:
+            os.fsync(self._fd)
+        finally:
+            self._drop()
+
+
+def read_events(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
+    """The events in a JSONL file, in order, skipping blank and torn lines.
+
+    Values written as ``"NaN"``, ``"Infinity"`` or ``"-Infinity"`` are given
+    back as strings; ``float()`` turns them into numbers.
+    """
+    with open(path, "rb") as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(event, dict):
+                yield event
