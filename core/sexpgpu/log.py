@@ -14,14 +14,27 @@ from typing import Any
 
 import structlog
 
-_SECRET_KEY = re.compile(r"(secret|token|password|credential|access_key|api_key|session_key)", re.I)
+# Whole words of a key only, so a counter named `tokens` is not taken for a secret.
+_SECRET_KEY = re.compile(
+    r"(?:^|[_\-.])(secret|token|password|passwd|credentials?|access_key|api_key|session_key|private_key)(?:$|[_\-.])",
+    re.I,
+)
 _configured = False
+
+
+def _masked(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: "***" if _SECRET_KEY.search(str(k)) else _masked(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_masked(v) for v in value)
+    return value
 
 
 def _mask_secrets(logger: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
     for key in list(event):
-        if key != "event" and _SECRET_KEY.search(key):
-            event[key] = "***"
+        if key == "event":
+            continue
+        event[key] = "***" if _SECRET_KEY.search(key) else _masked(event[key])
     return event
 
 

@@ -61,9 +61,10 @@ class Plugins:
         self.manager = pluggy.PluginManager(hookspecs.PROJECT)
         self.manager.add_hookspecs(hookspecs)
         self.records: list[PluginRecord] = []
-        self._load()
-        if os.environ.get("SEXPGPU_TRACE_PLUGINS", "").strip() not in ("", "0"):
+        self.tracing = os.environ.get("SEXPGPU_TRACE_PLUGINS", "").strip() not in ("", "0")
+        if self.tracing:
             self._trace()
+        self._load()
 
     # -- loading
 
@@ -104,10 +105,9 @@ class Plugins:
                 for impl in caller.get_hookimpls()
                 if impl.plugin is plugin
             )
-            unavailable = getattr(plugin, "sexpgpu_unavailable", None)
-            if unavailable is not None:
+            if "sexpgpu_unavailable" in record.hooks:
                 try:
-                    reason = unavailable()
+                    reason = next(iter(self._ask(record, "sexpgpu_unavailable")), None)
                 except Exception as exc:
                     reason = f"availability check failed: {type(exc).__name__}: {exc}"
                 if reason:
@@ -128,6 +128,12 @@ class Plugins:
 
     # -- asking
 
+    def _ask(self, record: PluginRecord, hook: str, **kwargs: Any) -> list[Any]:
+        """Call ``hook`` on one plugin only, through pluggy's relay (so argument
+        matching and SEXPGPU_TRACE_PLUGINS apply); its non-None result in a list."""
+        others = [p for p in self.manager.get_plugins() if p is not record.plugin]
+        return self.manager.subset_hook_caller(hook, remove_plugins=others)(**kwargs)
+
     def record(self, name: str) -> PluginRecord | None:
         """The record of the plugin registered under ``name``, if any."""
         return next((r for r in self.records if r.name == name), None)
@@ -142,11 +148,15 @@ class Plugins:
         for record in self.records:
             if record.plugin is None:
                 continue
-            impl = getattr(record.plugin, hook, None)
-            if impl is None:
+            if hook not in record.hooks:
                 continue
-            for item in impl() or []:
-                yield item, record
+            try:
+                items = next(iter(self._ask(record, hook)), None) or []
+            except Exception as exc:  # one plugin's bug must not break every lookup
+                record.available = False
+                record.reason = f"{hook} failed: {type(exc).__name__}: {exc}".splitlines()[0]
+                continue
+            yield from ((item, record) for item in items)
 
     def available(self, hook: str) -> list[Any]:
         """The descriptors supplied through ``hook`` by available plugins."""
@@ -174,11 +184,10 @@ class Plugins:
     def register_commands(self, cli: Any) -> None:
         """Let every available plugin add its CLI subcommands; a failing one is skipped."""
         for record in self.records:
-            impl = getattr(record.plugin, "sexpgpu_cli_commands", None)
-            if impl is None or not record.available:
+            if "sexpgpu_cli_commands" not in record.hooks or not record.available:
                 continue
             try:
-                impl(cli=cli)
+                self._ask(record, "sexpgpu_cli_commands", cli=cli)
             except Exception as exc:
                 record.available = False
                 record.reason = f"adding its commands failed: {type(exc).__name__}: {exc}"
@@ -211,7 +220,7 @@ def module_missing(module: str, hint: str) -> str | None:
 
     Looks the module up without importing it, so checking stays cheap.
     """
-    if module in sys.modules:
+    if sys.modules.get(module) is not None:  # None there means "blocked": missing
         return None
     try:
         spec = importlib.util.find_spec(module)

@@ -1,23 +1,189 @@
 """The torch plugin: the CPU/CUDA lowering, its kernels, and the optimizers.
 
-Importing this module must stay cheap: torch is imported by the factories only.
+Importing this module must stay cheap: torch is imported by the factories only
+(the submodules ``lowering``, ``kernels`` and ``optim`` import it at their top
+and are imported here only inside factories).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from sexpgpu.extension import KernelInfo, LoweringInfo, OptimizerInfo
 from sexpgpu.hookspecs import hookimpl
 
+LOWERING = "torch"
+"""The name kernels use in ``KernelInfo.lowering`` to be callable by this lowering."""
+
+
+def _lowering_factory() -> Any:
+    from sexpgpu_torch.lowering import TorchLowering
+
+    return TorchLowering()
+
 
 @hookimpl
-def sexpgpu_lowerings():
-    return []
+def sexpgpu_unavailable() -> str | None:
+    """Unavailable without torch (looked up, not imported)."""
+    from sexpgpu.plugins import module_missing
+
+    return module_missing("torch", "pip install torch (see https://pytorch.org for CUDA builds)")
 
 
 @hookimpl
-def sexpgpu_kernels():
-    return []
+def sexpgpu_lowerings() -> list[LoweringInfo]:
+    """The torch lowering, for ``cpu`` and ``cuda``."""
+    return [
+        LoweringInfo(
+            name=LOWERING,
+            devices=("cpu", "cuda"),
+            factory=_lowering_factory,
+            doc="PyTorch eager execution of a compiled program (CPU, CUDA)",
+        )
+    ]
+
+
+def _kernel(name: str) -> Callable[[], Callable[..., Any]]:
+    def factory() -> Callable[..., Any]:
+        from sexpgpu_torch import kernels
+
+        return getattr(kernels, name)
+
+    return factory
 
 
 @hookimpl
-def sexpgpu_optimizers():
-    return []
+def sexpgpu_kernels() -> list[KernelInfo]:
+    """The built-in kernels; each kind's call signature is documented in :mod:`sexpgpu_torch.kernels`."""
+    return [
+        KernelInfo(
+            kind="attention",
+            name="math",
+            lowering=LOWERING,
+            devices=("cpu", "cuda"),
+            deterministic=True,
+            factory=_kernel("attention_math"),
+            priority=0,
+            doc="softmax(QK^T/sqrt(d))V written out, causal mask by masked_fill",
+        ),
+        KernelInfo(
+            kind="attention",
+            name="sdpa",
+            lowering=LOWERING,
+            devices=("cpu", "cuda"),
+            # On CUDA the flash/efficient backward passes use atomics; on the CPU
+            # it is deterministic but, to keep one rule for both devices, the
+            # math kernel is the deterministic default and sdpa is opt-in.
+            deterministic=False,
+            factory=_kernel("attention_sdpa"),
+            priority=10,
+            doc="torch.nn.functional.scaled_dot_product_attention",
+        ),
+        KernelInfo(
+            kind="stack",
+            name="unrolled",
+            lowering=LOWERING,
+            devices=("cpu", "cuda"),
+            deterministic=True,
+            factory=_kernel("stack_unrolled"),
+            priority=10,
+            doc="a repeat compiled into one flat list of steps per iteration",
+        ),
+        KernelInfo(
+            kind="stack",
+            name="looped",
+            lowering=LOWERING,
+            devices=("cpu", "cuda"),
+            deterministic=True,
+            factory=_kernel("stack_looped"),
+            priority=0,
+            doc="a repeat run as a Python loop over its body, once per iteration",
+        ),
+        KernelInfo(
+            kind="conv2d",
+            name="direct",
+            lowering=LOWERING,
+            devices=("cpu", "cuda"),
+            deterministic=True,
+            factory=_kernel("conv2d_direct"),
+            priority=0,
+            doc="torch.nn.functional.conv2d",
+        ),
+    ]
+
+
+# ---------------------------------------------------------------- optimizers
+#
+# The descriptors are plain data so that the compiler can check a `.sx` file's
+# options without importing torch. The update objects live in sexpgpu_torch.optim.
+
+
+def _optimizer_factory(name: str) -> Callable[[], Any]:
+    def factory() -> Any:
+        from sexpgpu_torch import optim
+
+        return optim.UPDATES[name]()
+
+    return factory
+
+
+def _sgd_states(options: Mapping[str, Any]) -> tuple[str, ...]:
+    return ("momentum",) if float(options.get("momentum", 0.0)) > 0 else ()
+
+
+def _adam_states(options: Mapping[str, Any]) -> tuple[str, ...]:
+    return ("m", "v")
+
+
+SGD_OPTIONS: Mapping[str, Any] = {
+    "lr": 0.01,
+    "momentum": 0.0,
+    "weight_decay": 0.0,
+    "nesterov": False,
+}
+"""sgd's options and their defaults."""
+
+ADAM_OPTIONS: Mapping[str, Any] = {
+    "lr": 1e-3,
+    "beta1": 0.9,
+    "beta2": 0.999,
+    "eps": 1e-8,
+    "weight_decay": 0.0,
+}
+"""adam's options and their defaults (``weight_decay`` is L2, added to the gradient)."""
+
+ADAMW_OPTIONS: Mapping[str, Any] = {
+    **ADAM_OPTIONS,
+    "weight_decay": 0.01,
+    "no_decay_tags": ("no-decay",),
+}
+"""adamw's options and their defaults (decoupled decay, skipped for ``no_decay_tags``)."""
+
+
+@hookimpl
+def sexpgpu_optimizers() -> list[OptimizerInfo]:
+    """sgd (with momentum/nesterov), adam and adamw, as propose-then-commit updates."""
+    return [
+        OptimizerInfo(
+            name="sgd",
+            options=dict(SGD_OPTIONS),
+            state_names=_sgd_states,
+            factory=_optimizer_factory("sgd"),
+            doc="stochastic gradient descent; state 'momentum' when momentum > 0",
+        ),
+        OptimizerInfo(
+            name="adam",
+            options=dict(ADAM_OPTIONS),
+            state_names=_adam_states,
+            factory=_optimizer_factory("adam"),
+            doc="Adam (Kingma & Ba); weight_decay is L2 added to the gradient",
+        ),
+        OptimizerInfo(
+            name="adamw",
+            options=dict(ADAMW_OPTIONS),
+            state_names=_adam_states,
+            factory=_optimizer_factory("adamw"),
+            doc="Adam with decoupled weight decay, skipped for parameters tagged no_decay_tags",
+        ),
+    ]

@@ -1,0 +1,869 @@
+"""The torch lowering: a checked :class:`sexpgpu.graph.Program` to a :class:`TorchTrainer`.
+
+Each graph is compiled once into a flat list of closures over one list of
+values (a node's value lives at a fixed index), so a step costs one Python call
+per op on top of the op itself. Repeats with the ``unrolled`` stack kernel are
+inlined iteration by iteration into that list; other stack kernels get the body
+as a function.
+
+Optimizer states belong to a *state group*: a run of consecutive stages whose
+optimizer has the same name and the same options other than ``lr``. Entering a
+stage of another group starts its states afresh. Adam's bias correction counts
+the updates since the group's first step: ``count = step - group_start`` where
+``group_start`` is the number of steps in the stages before the group, so it
+needs no saved counter and survives a resume.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from sexpgpu.errors import CheckpointError, PluginError, RunError
+from sexpgpu.extension import KernelInfo, OptimizerInfo
+from sexpgpu.graph import Graph, Node, ParamDecl, Program
+
+from sexpgpu_torch import kernels as builtin_kernels
+from sexpgpu_torch.optim import clip_by_global_norm
+from sexpgpu_torch.rng import derive_seed
+
+Tensor = torch.Tensor
+
+LOWERING = "torch"
+
+TORCH_DTYPES: dict[str, torch.dtype] = {
+    "f32": torch.float32,
+    "bf16": torch.bfloat16,
+    "i64": torch.int64,
+    "bool": torch.bool,
+}
+"""IR dtype names to torch dtypes."""
+
+
+# ---------------------------------------------------------------- choices
+
+
+def device_kind(device: str) -> str:
+    """``cuda:1`` -> ``cuda``."""
+    return device.split(":", 1)[0]
+
+
+def choose_kernels(
+    program: Program,
+    *,
+    device: str,
+    kernels: Sequence[KernelInfo],
+    pinned: Mapping[str, str] | None,
+) -> dict[str, KernelInfo]:
+    """The kernel for every choice site of ``program``, by the rule of :class:`KernelInfo`.
+
+    Among the kernels of the site's kind for this lowering and device kind (and
+    deterministic ones only when the run is deterministic), the highest
+    priority wins, then the name in alphabetical order. ``pinned[site]`` takes
+    precedence; a pinned name not available here is ``E-CHOICE-001``.
+    """
+    kind_here = device_kind(device)
+    fitting = [k for k in kernels if k.lowering == LOWERING and kind_here in k.devices]
+    chosen: dict[str, KernelInfo] = {}
+    for site in program.sites:
+        if pinned and site.name in pinned:
+            name = pinned[site.name]
+            match = next((k for k in fitting if k.kind == site.kind and k.name == name), None)
+            if match is None:
+                raise CheckpointError(
+                    f"the recorded choice '{name}' for {site.name} cannot be taken here: "
+                    f"no available {site.kind} kernel '{name}' for the torch lowering on "
+                    f"{kind_here} (use --choices fresh to choose again)",
+                    code="E-CHOICE-001",
+                )
+            chosen[site.name] = match
+            continue
+        candidates = [
+            k
+            for k in fitting
+            if k.kind == site.kind and (k.deterministic or not program.run.deterministic)
+        ]
+        if not candidates:
+            wanted = "deterministic " if program.run.deterministic else ""
+            raise PluginError(
+                f"no {wanted}{site.kind} kernel for the torch lowering on {kind_here} "
+                f"(needed by {site.name}; see `sexpgpu plugins`)",
+                pos=site.pos,
+            )
+        chosen[site.name] = min(candidates, key=lambda k: (-k.priority, k.name))
+    return chosen
+
+
+# ---------------------------------------------------------------- the compiler
+
+
+class Ctx:
+    """What a running graph reads besides its values: live parameters, the step,
+    whether it trains (dropout), the seed and the device."""
+
+    __slots__ = ("params", "inputs", "step", "training", "seed", "device")
+
+    def __init__(self, seed: int, device: torch.device) -> None:
+        self.params: dict[str, Tensor] = {}
+        self.inputs: dict[str, Tensor] = {}
+        self.step = 0
+        self.training = False
+        self.seed = seed
+        self.device = device
+
+
+class Slots(tuple):
+    """One iteration's slot tensors for a stack kernel; ``iteration`` seeds its dropout."""
+
+    iteration: int = 0
+
+    def __new__(cls, items: Sequence[Tensor], iteration: int) -> Slots:
+        obj = super().__new__(cls, items)
+        obj.iteration = iteration
+        return obj
+
+
+Step = Callable[[list], None]
+
+
+_UNARY: dict[str, Callable[[Tensor], Tensor]] = {
+    "neg": torch.neg,
+    "relu": torch.relu,
+    "gelu": F.gelu,
+    "silu": F.silu,
+    "tanh": torch.tanh,
+    "sigmoid": torch.sigmoid,
+    "exp": torch.exp,
+    "log": torch.log,
+    "sqrt": torch.sqrt,
+    "rsqrt": torch.rsqrt,
+    "abs": torch.abs,
+}
+
+_BINARY: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
+    "add": torch.add,
+    "sub": torch.sub,
+    "mul": torch.mul,
+    "div": torch.div,
+    "pow": torch.pow,
+    "maximum": torch.maximum,
+    "minimum": torch.minimum,
+}
+
+_FLOATS = ("f32", "bf16")
+
+
+def _cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
+    # Negative targets are masked out: map them to torch's ignore_index so the
+    # fused kernel averages over the rest.
+    flat = targets.reshape(-1)
+    flat = torch.where(flat < 0, torch.full_like(flat, -100), flat)
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), flat, ignore_index=-100)
+
+
+def _accuracy(logits: Tensor, targets: Tensor) -> Tensor:
+    return (logits.argmax(dim=-1) == targets).float().mean()
+
+
+def _mse(pred: Tensor, target: Tensor) -> Tensor:
+    return F.mse_loss(pred.float(), target.float())
+
+
+class _Compiler:
+    """Compiles graphs into closures writing one shared value list."""
+
+    def __init__(
+        self, ctx: Ctx, kernels: Mapping[str, Callable[..., Any]], device: torch.device
+    ) -> None:
+        self.ctx = ctx
+        self.kernels = kernels
+        self.device = device
+        self.steps: list[Step] = []
+        self.template: list[Any] = []
+        self.types: dict[int, Any] = {}
+        # Set in a repeat body compiled as a function: holds the iteration being run.
+        self.iteration_box: list[int] | None = None
+
+    def alloc(self, value: Any = None) -> int:
+        self.template.append(value)
+        return len(self.template) - 1
+
+    def emit_graph(
+        self,
+        graph: Graph,
+        *,
+        carry: int | None = None,
+        slot_paths: Sequence[str] | None = None,
+        slot_indices: dict[int, int] | None = None,
+        iteration: int | None = None,
+    ) -> list[int]:
+        """Emit ``graph``'s nodes; returns the value indices of its outputs.
+
+        In a repeat body, ``carry`` is the index holding the carry, and a slot
+        parameter reads either ``slot_paths[slot]`` (inlined) or the value index
+        given by ``slot_indices[slot]`` (a body compiled as a function).
+        """
+        where: dict[int, int] = {}
+        for node in graph.nodes:
+            where[node.id] = self.emit_node(node, where, carry, slot_paths, slot_indices, iteration)
+        return [where[i] for i in graph.outputs]
+
+    def emit_node(
+        self,
+        node: Node,
+        where: dict[int, int],
+        carry: int | None,
+        slot_paths: Sequence[str] | None,
+        slot_indices: dict[int, int] | None,
+        iteration: int | None,
+    ) -> int:
+        op, attrs = node.op, node.attrs
+        ctx = self.ctx
+        args = [where[a] for a in node.args]
+        out = self.alloc()
+
+        if op == "input":
+            name = attrs["name"]
+            if name == "carry" and carry is not None:
+                return carry
+
+            # ctx.inputs is replaced per call: read it through ctx, not a captured dict.
+            def step(v: list, out=out, name=name) -> None:
+                v[out] = ctx.inputs[name]
+
+            self.steps.append(step)
+            return out
+        if op == "param":
+            if "slot" in attrs and attrs.get("path") is None:
+                slot = int(attrs["slot"])
+                if slot_indices is not None:
+                    return slot_indices[slot]
+                assert slot_paths is not None, "a slot parameter outside a repeat body"
+                path = slot_paths[slot]
+            else:
+                path = attrs["path"]
+
+            def step(v: list, out=out, path=path) -> None:
+                v[out] = ctx.params[path]
+
+            self.steps.append(step)
+            return out
+        if op == "const":
+            value = attrs["value"]
+            dtype = torch.int64 if node.type.dtype == "i64" else TORCH_DTYPES[node.type.dtype]
+            self.template[out] = torch.tensor(value, dtype=dtype, device=self.device)
+            return out
+        if op == "repeat":
+            return self.emit_repeat(node, args[0], out)
+
+        fn = self.op_function(node, iteration)
+        self._append(fn, out, args)
+        return out
+
+    def _append(self, fn: Callable[..., Any], out: int, args: list[int]) -> None:
+        # Specialise on arity so the common ops run without building argument lists.
+        if len(args) == 1:
+            (a,) = args
+
+            def step(v: list) -> None:
+                v[out] = fn(v[a])
+        elif len(args) == 2:
+            a, b = args
+
+            def step(v: list) -> None:
+                v[out] = fn(v[a], v[b])
+        elif len(args) == 3:
+            a, b, c = args
+
+            def step(v: list) -> None:
+                v[out] = fn(v[a], v[b], v[c])
+        else:
+
+            def step(v: list) -> None:
+                v[out] = fn(*[v[i] for i in args])
+
+        self.steps.append(step)
+
+    def op_function(self, node: Node, iteration: int | None) -> Callable[..., Tensor]:
+        """The torch function computing ``node`` from its arguments' values."""
+        op, attrs = node.op, node.attrs
+        if op in _UNARY:
+            return _UNARY[op]
+        if op in _BINARY:
+            fn = _BINARY[op]
+            target = node.type.dtype
+            if target in _FLOATS:
+                # Follow the IR's promotion (f32 if either side is f32) even where
+                # torch would keep a bf16 tensor against an f32 scalar.
+                casts = [
+                    self._arg_type(node, i).dtype in _FLOATS
+                    and self._arg_type(node, i).dtype != target
+                    for i in range(2)
+                ]
+                if any(casts):
+                    dt = TORCH_DTYPES[target]
+                    ca, cb = casts
+
+                    def promoted(a: Tensor, b: Tensor, fn=fn, dt=dt) -> Tensor:
+                        return fn(a.to(dt) if ca else a, b.to(dt) if cb else b)
+
+                    return promoted
+            return fn
+        if op == "matmul":
+            return torch.matmul
+        if op == "reshape":
+            shape = tuple(attrs["shape"])
+            return lambda x: x.reshape(shape)
+        if op == "transpose":
+            a0, a1 = attrs["axes"]
+            return lambda x: x.transpose(a0, a1)
+        if op == "concat":
+            axis = int(attrs["axis"])
+            return lambda *xs: torch.cat(xs, dim=axis)
+        if op == "slice":
+            axis, start, stop = int(attrs["axis"]), int(attrs["start"]), int(attrs["stop"])
+            return lambda x: x.narrow(axis, start, stop - start)
+        if op in ("sum", "mean", "max"):
+            axes = tuple(attrs.get("axes", ()))
+            keep = bool(attrs.get("keepdim", False))
+            if not axes:  # reducing over no axis leaves x as it is (the IR's shape rule)
+                return lambda x: x
+            reduce = {"sum": torch.sum, "mean": torch.mean, "max": torch.amax}[op]
+            return lambda x: reduce(x, dim=axes, keepdim=keep)
+        if op == "softmax":
+            axis = int(attrs["axis"])
+            return lambda x: torch.softmax(x, dim=axis)
+        if op == "log_softmax":
+            axis = int(attrs["axis"])
+            return lambda x: torch.log_softmax(x, dim=axis)
+        if op == "take":
+            if len(self._arg_type(node, 0).shape) == 2:
+                return lambda table, idx: F.embedding(idx, table)
+            return lambda table, idx: table[idx]
+        if op == "layer_norm":
+            eps = float(attrs.get("eps", 1e-5))
+            return lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b, eps)
+        if op == "rms_norm":
+            eps = float(attrs.get("eps", 1e-6))
+            return lambda x, w: F.rms_norm(x, (x.shape[-1],), w, eps)
+        if op == "attention":
+            kernel = self.kernels[node.site]
+            heads, causal = int(attrs["heads"]), bool(attrs.get("causal", False))
+            return lambda q, k, v: kernel(q, k, v, heads=heads, causal=causal)
+        if op == "conv2d":
+            kernel = self.kernels[node.site]
+            stride, padding = int(attrs.get("stride", 1)), int(attrs.get("padding", 0))
+            if len(node.args) == 2:
+                return lambda x, w: kernel(x, w, None, stride=stride, padding=padding)
+            return lambda x, w, b: kernel(x, w, b, stride=stride, padding=padding)
+        if op in ("max_pool2d", "avg_pool2d"):
+            size = int(attrs["kernel"])
+            stride = int(attrs.get("stride", size))
+            pool = F.max_pool2d if op == "max_pool2d" else F.avg_pool2d
+            return lambda x: pool(x, size, stride)
+        if op == "dropout":
+            return self.dropout(float(attrs["p"]), int(attrs["key"]), iteration)
+        if op == "cross_entropy":
+            return _cross_entropy
+        if op == "mse":
+            return _mse
+        if op == "accuracy":
+            return _accuracy
+        if op == "cast":
+            dt = TORCH_DTYPES[attrs["dtype"]]
+            return lambda x: x.to(dt)
+        raise RunError(f"the torch lowering has no op '{op}'", pos=node.pos)
+
+    def _arg_type(self, node: Node, i: int) -> Any:
+        return self.types[node.args[i]]
+
+    def dropout(self, p: float, key: int, iteration: int | None) -> Callable[[Tensor], Tensor]:
+        """Dropout whose mask is drawn from ``(seed, "dropout", step, key[, iteration])``."""
+        ctx = self.ctx
+        keep = 1.0 - p
+        box = self.iteration_box if iteration is None else None
+
+        def run(x: Tensor) -> Tensor:
+            if not ctx.training or p == 0.0:
+                return x
+            it = box[0] if box is not None else iteration
+            parts = (ctx.seed, "dropout", ctx.step, key) + (() if it is None else (it,))
+            gen = torch.Generator(device=x.device)
+            gen.manual_seed(derive_seed(*parts))
+            mask = torch.rand(x.shape, generator=gen, device=x.device) < keep
+            return x * mask.to(x.dtype) * (1.0 / keep)
+
+        return run
+
+    # -- repeats
+
+    def emit_repeat(self, node: Node, carry_in: int, out: int) -> int:
+        attrs = node.attrs
+        body: Graph = attrs["body"]
+        slots: Sequence[Sequence[str]] = attrs["slots"]
+        count = int(attrs["count"])
+        kernel = self.kernels[node.site]
+        saved_types = self.types
+        self.types = {n.id: n.type for n in body.nodes}
+        try:
+            if kernel is builtin_kernels.stack_unrolled:
+                current = carry_in
+                for i in range(count):
+                    (current,) = self.emit_graph(
+                        body, carry=current, slot_paths=slots[i], iteration=i
+                    )
+                return current
+            run_body = self.body_function(body)
+        finally:
+            self.types = saved_types
+        ctx = self.ctx
+        paths = [tuple(s) for s in slots[:count]]
+
+        def step(v: list) -> None:
+            params = ctx.params
+            per_iter = [Slots([params[p] for p in ps], i) for i, ps in enumerate(paths)]
+            v[out] = kernel(run_body, v[carry_in], per_iter)
+
+        self.steps.append(step)
+        return out
+
+    def body_function(self, body: Graph) -> Callable[[Tensor, Sequence[Tensor]], Tensor]:
+        """A repeat body as ``fn(carry, slot_tensors) -> Tensor`` for a stack kernel."""
+        sub = _Compiler(self.ctx, self.kernels, self.device)
+        sub.types = self.types
+        sub.iteration_box = box = [0]
+        carry = sub.alloc()
+        n_slots = 1 + max(
+            (int(n.attrs["slot"]) for n in body.nodes if n.op == "param" and "slot" in n.attrs),
+            default=-1,
+        )
+        slot_idx = {s: sub.alloc() for s in range(n_slots)}
+        (result,) = sub.emit_graph(body, carry=carry, slot_indices=slot_idx, iteration=None)
+        # Dropout in a body compiled as a function takes its iteration from the
+        # Slots it is called with, through the box its steps read.
+        runner_steps = tuple(sub.steps)
+        template = sub.template
+        slot_positions = list(slot_idx.items())
+
+        def run(carry_value: Tensor, slot_tensors: Sequence[Tensor]) -> Tensor:
+            v = template.copy()
+            v[carry] = carry_value
+            for s, i in slot_positions:
+                v[i] = slot_tensors[s]
+            box[0] = getattr(slot_tensors, "iteration", 0)
+            for st in runner_steps:
+                st(v)
+            return v[result]
+
+        return run
+
+
+def compile_graph(
+    graph: Graph, ctx: Ctx, kernels: Mapping[str, Callable[..., Any]], device: torch.device
+) -> Callable[[], list[Tensor]]:
+    """``graph`` as a function of ``ctx`` returning its outputs' values."""
+    comp = _Compiler(ctx, kernels, device)
+    comp.types = {n.id: n.type for n in graph.nodes}
+    outputs = comp.emit_graph(graph)
+    steps = tuple(comp.steps)
+    template = comp.template
+
+    def run() -> list[Tensor]:
+        v = template.copy()
+        for st in steps:
+            st(v)
+        return [v[i] for i in outputs]
+
+    return run
+
+
+# ---------------------------------------------------------------- initialisation
+
+
+def _fans(shape: tuple[int, ...]) -> tuple[int, int]:
+    # Our matrices are used as `x @ W`, so a 2-D [in, out] parameter has fan-in
+    # shape[0]; higher ranks follow the conv layout [out, in, k...].
+    if len(shape) == 0:
+        return 1, 1
+    if len(shape) == 1:
+        return shape[0], shape[0]
+    if len(shape) == 2:
+        return shape[0], shape[1]
+    receptive = int(np.prod(shape[2:]))
+    return shape[1] * receptive, shape[0] * receptive
+
+
+def init_tensor(decl: ParamDecl, seed: int) -> Tensor:
+    """``decl``'s initial value as an f32 CPU tensor drawn from ``(seed, "init", path)``.
+
+    ``normal(std)``, ``uniform(low, high)``, ``zeros``, ``ones``,
+    ``xavier(gain=1)`` (uniform, bound ``gain*sqrt(6/(fan_in+fan_out))``) and
+    ``kaiming(gain=sqrt(2))`` (normal, std ``gain/sqrt(fan_in)``).
+    """
+    shape = tuple(decl.type.shape)
+    kind, args = decl.init.kind, tuple(decl.init.args)
+    gen = torch.Generator(device="cpu")
+    gen.manual_seed(derive_seed(seed, "init", decl.path))
+    if kind == "zeros":
+        return torch.zeros(shape)
+    if kind == "ones":
+        return torch.ones(shape)
+    if kind == "normal":
+        std = args[0] if args else 1.0
+        mean = args[1] if len(args) > 1 else 0.0
+        return torch.randn(shape, generator=gen) * std + mean
+    if kind == "uniform":
+        if len(args) >= 2:
+            low, high = args[0], args[1]
+        elif args:
+            low, high = -args[0], args[0]
+        else:
+            low, high = 0.0, 1.0
+        return torch.rand(shape, generator=gen) * (high - low) + low
+    fan_in, fan_out = _fans(shape)
+    if kind == "xavier":
+        gain = args[0] if args else 1.0
+        bound = gain * (6.0 / (fan_in + fan_out)) ** 0.5
+        return (torch.rand(shape, generator=gen) * 2 - 1) * bound
+    if kind == "kaiming":
+        gain = args[0] if args else 2.0**0.5
+        return torch.randn(shape, generator=gen) * (gain / fan_in**0.5)
+    raise RunError(f"unknown initializer '{kind}' for {decl.path}", pos=decl.pos)
+
+
+# ---------------------------------------------------------------- the trainer
+
+
+@dataclass
+class Proposal:
+    """A step computed but not yet committed: new trainable parameters and states."""
+
+    stage: int
+    group: int
+    loss_tensor: Tensor
+    params: list[Tensor]
+    states: dict[str, list[Tensor]]
+    _loss: float | None = None
+
+    @property
+    def loss(self) -> float:
+        """The step's loss (one host sync, on first use)."""
+        if self._loss is None:
+            self._loss = float(self.loss_tensor)
+        return self._loss
+
+
+def _group_key(stage: Any) -> tuple:
+    opt = stage.optimizer
+    options = tuple(sorted((k, repr(v)) for k, v in opt.options.items() if k != "lr"))
+    return (opt.name, options)
+
+
+class TorchTrainer:
+    """The :class:`sexpgpu.extension.Trainer` of the torch lowering."""
+
+    def __init__(
+        self,
+        program: Program,
+        *,
+        device: str,
+        chosen: Mapping[str, KernelInfo],
+        optimizers: Mapping[str, OptimizerInfo],
+    ) -> None:
+        self.program = program
+        self.device = torch.device(device)
+        self.choices: dict[str, str] = {site: k.name for site, k in chosen.items()}
+        self.ctx = Ctx(program.run.seed, self.device)
+        self.autocast = program.run.precision == "bf16" and self.device.type == "cuda"
+        fns = {site: k.factory() for site, k in chosen.items()}
+        self.decls = list(program.params)
+        self.trainable = [d.path for d in self.decls if d.trainable]
+
+        # Stages: compiled loss, optimizer update, state group.
+        self.stage_loss = [
+            compile_graph(s.loss, self.ctx, fns, self.device) for s in program.stages
+        ]
+        self.updates = []
+        self.state_names: list[tuple[str, ...]] = []
+        for s in program.stages:
+            info = optimizers.get(s.optimizer.name)
+            if info is None:
+                raise PluginError(
+                    f"no installed plugin supplies the optimizer '{s.optimizer.name}'",
+                    pos=s.optimizer.pos,
+                )
+            options = {**info.options, **s.optimizer.options}
+            self.updates.append((info.factory(), options))
+            self.state_names.append(tuple(info.state_names(options)))
+        self.group: list[int] = []
+        self.group_start: list[int] = []
+        start = 0
+        for i, s in enumerate(program.stages):
+            if i > 0 and _group_key(s) == _group_key(program.stages[i - 1]):
+                self.group.append(self.group[-1])
+                self.group_start.append(self.group_start[-1])
+            else:
+                self.group.append(i)
+                self.group_start.append(start)
+            start += s.steps
+        self.decay: list[list[bool]] = []
+        for _, options in self.updates:
+            skip = set(options.get("no_decay_tags", ()) or ())
+            self.decay.append([not (skip & set(d.tags)) for d in self.decls if d.trainable])
+        self.evals = {
+            e.name: (e, compile_graph(e.graph, self.ctx, fns, self.device)) for e in program.evals
+        }
+        self.fields = [
+            {name: TORCH_DTYPES[t.dtype] for name, t in s.data.fields.items()}
+            for s in program.stages
+        ]
+        self._decl_by_path: dict[str, ParamDecl] = {d.path: d for d in self.decls}
+        self.params: dict[str, Tensor] = {}
+        self.ctx.params = self.params  # the same dict for good: graphs read it by path
+        self.states: dict[str, list[Tensor]] = {}
+        self.current_group: int | None = None
+
+    # -- parameters
+
+    def _set_param(self, path: str, value: Tensor) -> None:
+        decl = self._decl_by_path[path]
+        t = value.to(dtype=TORCH_DTYPES[decl.type.dtype]).to(self.device)
+        if decl.trainable:
+            t.requires_grad_(True)
+        self.params[path] = t
+
+    def init_params(self) -> None:
+        """Draw every parameter on the CPU from ``(seed, "init", path)``, then move it."""
+        for decl in self.decls:
+            self._set_param(decl.path, init_tensor(decl, self.program.run.seed))
+        self.states = {}
+        self.current_group = None
+
+    def set_params(self, params: Mapping[str, np.ndarray]) -> None:
+        """Replace some parameters (``:load`` ones read by the core) by value."""
+        for path, array in params.items():
+            decl = self._decl_by_path.get(path)
+            if decl is None:
+                raise CheckpointError(f"the program has no parameter {path}")
+            self._check_shape(path, array)
+            self._set_param(path, torch.from_numpy(np.array(array, copy=True)))
+
+    def _check_shape(self, name: str, array: np.ndarray) -> None:
+        path = name.split("/", 1)[0]
+        want = tuple(self._decl_by_path[path].type.shape)
+        if tuple(array.shape) != want:
+            raise CheckpointError(
+                f"{name} has shape {list(array.shape)} in the checkpoint, the program says {list(want)}"
+            )
+
+    # -- a step
+
+    def _inputs(self, batch: Mapping[str, np.ndarray], fields: Mapping[str, torch.dtype]) -> None:
+        dev = self.device
+        missing = [name for name in fields if name not in batch]
+        if missing:
+            raise RunError(f"the batch has no field '{missing[0]}' (it has {sorted(batch)})")
+        inputs = {}
+        for name, array in batch.items():
+            t = torch.from_numpy(np.ascontiguousarray(array))
+            dt = fields.get(name)
+            if dt is not None and t.dtype != dt:
+                t = t.to(dt)
+            inputs[name] = t.to(dev, non_blocking=True) if dev.type != "cpu" else t
+        self.ctx.inputs = inputs
+
+    def propose(
+        self, batch: Mapping[str, np.ndarray], *, stage: int, step: int, lr: float
+    ) -> Proposal:
+        """Forward, backward and the stage's optimizer into new tensors (nothing changes).
+
+        The optimizer's update count (Adam's bias correction) is
+        ``step - group_start`` of the stage's state group (see the module docstring).
+        """
+        ctx = self.ctx
+        self._inputs(batch, self.fields[stage])
+        ctx.step, ctx.training = step, True
+        trainable = [self.params[p] for p in self.trainable]
+        if self.autocast:
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                (loss,) = self.stage_loss[stage]()
+        else:
+            (loss,) = self.stage_loss[stage]()
+        if trainable and loss.requires_grad:
+            grads = list(torch.autograd.grad(loss, trainable, allow_unused=True))
+        else:  # a loss that reaches no trainable parameter
+            grads = [None] * len(trainable)
+        for i, g in enumerate(grads):
+            if g is None:  # a parameter this stage's loss does not reach
+                grads[i] = torch.zeros_like(trainable[i])
+        ctx.inputs = {}
+        group = self.group[stage]
+        update, options = self.updates[stage]
+        with torch.no_grad():
+            loss = loss.detach()
+            clip = self.program.stages[stage].optimizer.clip
+            if clip is not None and grads:
+                clip_by_global_norm(grads, float(clip))
+            if group == self.current_group:
+                states = self.states
+            else:
+                states = update.init_states(trainable, options)
+            new_params, new_states = update.propose(
+                trainable,
+                grads,
+                states,
+                lr=float(lr),
+                count=step - self.group_start[stage],
+                options=options,
+                decay=self.decay[stage],
+            )
+        return Proposal(stage, group, loss, new_params, new_states)
+
+    def find_non_finite(self, proposal: Proposal) -> tuple[str, str, int] | None:
+        """One fused check over every proposed tensor, one host sync; the first offender
+        (in parameter order, each parameter before its states) only when it trips."""
+        tensors = list(proposal.params)
+        for values in proposal.states.values():
+            tensors.extend(values)
+        if not tensors:
+            return None
+        found = torch.zeros(1, dtype=torch.float32, device=self.device)
+        one = torch.ones(1, dtype=torch.float32, device=self.device)
+        by_dtype: dict[torch.dtype, list[Tensor]] = {}
+        for t in tensors:
+            by_dtype.setdefault(t.dtype, []).append(t)
+        for group in by_dtype.values():
+            # Multiplies by 1.0 in place (a bitwise no-op) and raises `found`.
+            torch._amp_foreach_non_finite_check_and_unscale_(group, found, one)
+        if not float(found):
+            return None
+        names = list(proposal.states)
+        for i, path in enumerate(self.trainable):
+            candidates = [("parameter", path, proposal.params[i])]
+            candidates += [("state", f"{path}/{n}", proposal.states[n][i]) for n in names]
+            for kind, name, t in candidates:
+                bad = int((~torch.isfinite(t)).sum())
+                if bad:
+                    return kind, name, bad
+        return None
+
+    def commit(self, proposal: Proposal) -> None:
+        """Make the proposal's parameters and states the current ones."""
+        for path, t in zip(self.trainable, proposal.params, strict=True):
+            self.params[path] = t.requires_grad_(True)
+        self.states = proposal.states
+        self.current_group = proposal.group
+
+    # -- checkpoints
+
+    def export(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """Host copies of the parameters and the current states (bf16 as f32)."""
+
+        def host(t: Tensor) -> np.ndarray:
+            t = t.detach()
+            if t.dtype != torch.float32 and t.is_floating_point():
+                t = t.float()
+            return t.cpu().numpy().copy()
+
+        params = {d.path: host(self.params[d.path]) for d in self.decls}
+        states: dict[str, np.ndarray] = {}
+        for i, path in enumerate(self.trainable):
+            for name, values in self.states.items():
+                states[f"{path}/{name}"] = host(values[i])
+        return params, states
+
+    def restore(
+        self, params: Mapping[str, np.ndarray], states: Mapping[str, np.ndarray], *, stage: int
+    ) -> None:
+        """Take parameters (all or some: ``:load`` ones may be absent) and ``stage``'s
+        states back; empty ``states`` means the stage's states have not started."""
+        unknown = [p for p in params if p not in self._decl_by_path]
+        if unknown:
+            raise CheckpointError(f"the checkpoint holds {unknown[0]}, which the program lacks")
+        for path, array in params.items():
+            self._check_shape(path, array)
+        names = self.state_names[stage]
+        new_states: dict[str, list[Tensor]] = {}
+        if states:
+            expected = {f"{p}/{n}" for p in self.trainable for n in names}
+            missing = sorted(expected - set(states))
+            extra = sorted(set(states) - expected)
+            if missing:
+                raise CheckpointError(f"the checkpoint lacks the optimizer state {missing[0]}")
+            if extra:
+                raise CheckpointError(
+                    f"the checkpoint holds the optimizer state {extra[0]}, which this stage does not keep"
+                )
+            for key, array in states.items():
+                self._check_shape(key, array)
+            for n in names:
+                new_states[n] = [
+                    torch.from_numpy(np.array(states[f"{p}/{n}"], dtype=np.float32, copy=True)).to(
+                        self.device
+                    )
+                    for p in self.trainable
+                ]
+        for path, array in params.items():
+            self._set_param(path, torch.from_numpy(np.array(array, copy=True)))
+        self.states = new_states
+        # With no states given (a checkpoint before the stage's first step) the
+        # next step starts them afresh; a stateless optimizer has nothing to start.
+        self.current_group = self.group[stage] if states or not names else None
+
+    # -- evaluation
+
+    def evaluate(self, pass_name: str, batch: Mapping[str, np.ndarray]) -> dict[str, float]:
+        """Run eval pass ``pass_name`` on one batch: no dropout, no gradients."""
+        entry = self.evals.get(pass_name)
+        if entry is None:
+            raise RunError(f"the program has no eval pass '{pass_name}'")
+        decl, run = entry
+        self._inputs(batch, {n: TORCH_DTYPES[t.dtype] for n, t in decl.data.fields.items()})
+        self.ctx.training = False
+        with torch.no_grad():
+            if self.autocast:
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    outputs = run()
+            else:
+                outputs = run()
+            values = torch.stack([o.detach().float().reshape(()) for o in outputs]).tolist()
+        self.ctx.inputs = {}
+        return dict(zip(decl.metrics, values, strict=True))
+
+
+class TorchLowering:
+    """The :class:`sexpgpu.extension.Lowering` for PyTorch on ``cpu`` and ``cuda``."""
+
+    def lower(
+        self,
+        program: Program,
+        *,
+        device: str,
+        kernels: Sequence[KernelInfo],
+        optimizers: Mapping[str, OptimizerInfo],
+        pinned: Mapping[str, str] | None,
+    ) -> TorchTrainer:
+        """Choose a kernel per site, compile every graph, and build the trainer."""
+        kind = device_kind(device)
+        if kind not in ("cpu", "cuda"):
+            raise PluginError(f"the torch lowering cannot run on '{device}' (cpu or cuda)")
+        if kind == "cuda" and not torch.cuda.is_available():
+            raise PluginError(f"--device {device}: torch sees no CUDA device here")
+        if program.run.deterministic:
+            # cuBLAS needs a fixed workspace to be deterministic; set before CUDA starts.
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+            if kind == "cuda":
+                # Makes the ops with a nondeterministic CUDA default (embedding and
+                # index backward) take their deterministic path; warn_only keeps an
+                # op without one usable rather than failing the run. The CPU ops we
+                # use are deterministic already, so the CPU path is left alone.
+                torch.use_deterministic_algorithms(True, warn_only=True)
+                torch.backends.cudnn.benchmark = False
+                torch.backends.cudnn.deterministic = True
+        chosen = choose_kernels(program, device=device, kernels=kernels, pinned=pinned)
+        return TorchTrainer(program, device=device, chosen=chosen, optimizers=optimizers)

@@ -1,0 +1,158 @@
+"""Propose-then-commit optimizer updates for the torch lowering.
+
+The protocol (what an ``OptimizerInfo.factory()`` returns for the ``torch``
+lowering) is :class:`Update`:
+
+``update.init_states(params, options) -> dict[state name, list[Tensor]]``
+    fresh states for a list of trainable parameters (zeros, f32, same device).
+
+``update.propose(params, grads, states, *, lr, count, options, decay) -> (params', states')``
+    new tensors for every parameter and state, computed from the current ones,
+    which are left untouched (so a refused proposal changes nothing). ``count``
+    is the 1-based number of this update since the states were started (Adam's
+    bias correction); ``decay[i]`` says whether parameter ``i`` takes weight
+    decay (adamw skips parameters tagged with one of ``no_decay_tags``).
+
+Every update uses ``torch._foreach_*`` ops over the whole list, never a Python
+loop per parameter. Parameters stored in ``bf16`` are updated in ``f32`` and
+rounded back; their states are kept in ``f32``.
+
+The step count is not a state: states.safetensors holds only ``path/state``
+tensors, so the lowering derives ``count`` from the global step number and the
+first step of the run of stages that share these states (see
+:meth:`sexpgpu_torch.lowering.TorchTrainer.propose`), which survives a resume.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+Tensor = torch.Tensor
+
+
+def _f32(tensors: Sequence[Tensor]) -> list[Tensor]:
+    return [t if t.dtype == torch.float32 else t.float() for t in tensors]
+
+
+def _back(new: list[Tensor], like: Sequence[Tensor]) -> list[Tensor]:
+    return [n if n.dtype == o.dtype else n.to(o.dtype) for n, o in zip(new, like, strict=True)]
+
+
+class Update:
+    """Base of the built-in updates: see the module docstring for the protocol."""
+
+    state_names: tuple[str, ...] = ()
+
+    def names(self, options: Mapping[str, Any]) -> tuple[str, ...]:
+        """The states kept for ``options``."""
+        return self.state_names
+
+    def init_states(
+        self, params: Sequence[Tensor], options: Mapping[str, Any]
+    ) -> dict[str, list[Tensor]]:
+        """Zeroed f32 states, one list per state name, aligned with ``params``."""
+        return {
+            name: [torch.zeros(p.shape, dtype=torch.float32, device=p.device) for p in params]
+            for name in self.names(options)
+        }
+
+    def propose(
+        self,
+        params: Sequence[Tensor],
+        grads: Sequence[Tensor],
+        states: Mapping[str, Sequence[Tensor]],
+        *,
+        lr: float,
+        count: int,
+        options: Mapping[str, Any],
+        decay: Sequence[bool],
+    ) -> tuple[list[Tensor], dict[str, list[Tensor]]]:
+        """New parameters and states; the inputs are not modified."""
+        raise NotImplementedError
+
+
+class SGD(Update):
+    """SGD as torch.optim.SGD computes it (dampening 0): L2 decay into the gradient,
+    ``buf = momentum * buf + g``, nesterov ``g + momentum * buf``."""
+
+    def names(self, options: Mapping[str, Any]) -> tuple[str, ...]:
+        return ("momentum",) if float(options.get("momentum", 0.0)) > 0 else ()
+
+    def propose(self, params, grads, states, *, lr, count, options, decay):
+        momentum = float(options.get("momentum", 0.0))
+        wd = float(options.get("weight_decay", 0.0))
+        nesterov = bool(options.get("nesterov", False))
+        p32 = _f32(params)
+        g = _f32(grads)
+        if wd:
+            g = torch._foreach_add(g, p32, alpha=wd)
+        new_states: dict[str, list[Tensor]] = {}
+        if momentum > 0:
+            buf = torch._foreach_mul(list(states["momentum"]), momentum)
+            torch._foreach_add_(buf, g)
+            new_states["momentum"] = buf
+            g = torch._foreach_add(g, buf, alpha=momentum) if nesterov else buf
+        new = torch._foreach_add(p32, g, alpha=-lr)
+        return _back(new, params), new_states
+
+
+class Adam(Update):
+    """Adam as torch.optim.Adam computes it; ``decoupled`` makes it AdamW."""
+
+    state_names = ("m", "v")
+    decoupled = False
+
+    def propose(self, params, grads, states, *, lr, count, options, decay):
+        beta1 = float(options.get("beta1", 0.9))
+        beta2 = float(options.get("beta2", 0.999))
+        eps = float(options.get("eps", 1e-8))
+        wd = float(options.get("weight_decay", 0.0))
+        p32 = _f32(params)
+        g = _f32(grads)
+        if wd and not self.decoupled:
+            g = torch._foreach_add(g, p32, alpha=wd)
+        # m = beta1 * m + (1 - beta1) * g, written as a lerp like torch.optim.Adam.
+        m = torch._foreach_lerp(list(states["m"]), g, 1 - beta1)
+        v = torch._foreach_mul(list(states["v"]), beta2)
+        torch._foreach_addcmul_(v, g, g, value=1 - beta2)
+        bias1 = 1 - beta1**count
+        bias2 = 1 - beta2**count
+        step_size = lr / bias1
+        denom = torch._foreach_sqrt(v)
+        torch._foreach_div_(denom, math.sqrt(bias2))
+        torch._foreach_add_(denom, eps)
+        if wd and self.decoupled:
+            # Decoupled decay first, as torch.optim.AdamW does, on the decaying
+            # parameters only (times 1.0, bit for bit unchanged, for the others);
+            # the product is a fresh tensor, so the step can go into it in place.
+            shrink = 1 - lr * wd
+            new = torch._foreach_mul(p32, [shrink if d else 1.0 for d in decay])
+            torch._foreach_addcdiv_(new, m, denom, value=-step_size)
+        else:
+            new = torch._foreach_addcdiv(p32, m, denom, value=-step_size)
+        return _back(new, params), {"m": m, "v": v}
+
+
+class AdamW(Adam):
+    """Adam with decoupled weight decay (Loshchilov & Hutter)."""
+
+    decoupled = True
+
+
+UPDATES: dict[str, type[Update]] = {"sgd": SGD, "adam": Adam, "adamw": AdamW}
+"""The built-in updates by optimizer name."""
+
+
+def clip_by_global_norm(grads: list[Tensor], max_norm: float) -> None:
+    """Scale ``grads`` in place so their global L2 norm is at most ``max_norm``,
+    as torch.nn.utils.clip_grad_norm_ does, without a host sync."""
+    if not grads:
+        return
+    norms = torch._foreach_norm(grads, 2.0)
+    total = torch.linalg.vector_norm(torch.stack([n.float() for n in norms]), 2.0)
+    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    torch._foreach_mul_(grads, coef)

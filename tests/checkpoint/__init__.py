@@ -1,0 +1,1 @@
+"""Tests of the checkpoint layer and `sexpgpu checkpoint`."""

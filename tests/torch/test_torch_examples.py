@@ -1,0 +1,153 @@
+"""The shipped examples compiled by the real compiler and trained by the torch lowering
+with the real data sources; plus the lowering on CUDA where there is one."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from sexpgpu.lang import compile_file
+from sexpgpu.plugins import get_plugins
+from sexpgpu.schedule import lr_at
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((REPO / "examples").glob("*.sx"))
+
+
+def _setup(path: Path, device: str = "cpu", pinned=None):
+    plugins = get_plugins()
+    program = compile_file(str(path))
+    lowering = next(i for i in plugins.available("sexpgpu_lowerings") if i.name == "torch")
+    trainer = lowering.factory().lower(
+        program,
+        device=device,
+        kernels=plugins.available("sexpgpu_kernels"),
+        optimizers={o.name: o for o in plugins.available("sexpgpu_optimizers")},
+        pinned=pinned,
+    )
+    stage = program.stages[0]
+    source = next(
+        d for d in plugins.available("sexpgpu_data_sources") if d.name == stage.data.source
+    )
+    loader = source.factory(stage.data.options, stage.data.seq, stage.data.batch, program.run.seed)
+    return program, trainer, loader
+
+
+def _steps(program, trainer, loader, n: int) -> list[float]:
+    stage = program.stages[0]
+    losses = []
+    for step in range(1, n + 1):
+        proposal = trainer.propose(
+            loader.next_batch(), stage=0, step=step, lr=lr_at(stage.optimizer, step, stage.steps)
+        )
+        assert trainer.find_non_finite(proposal) is None
+        trainer.commit(proposal)
+        losses.append(proposal.loss)
+    return losses
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
+def test_example_trains_on_the_cpu(path: Path) -> None:
+    if not EXAMPLES:
+        pytest.skip("no examples yet")
+    program, trainer, loader = _setup(path)
+    assert set(trainer.choices) == {s.name for s in program.sites}
+    trainer.init_params()
+    losses = _steps(program, trainer, loader, 4)
+    assert all(math.isfinite(x) for x in losses)
+    params, states = trainer.export()
+    assert set(params) == {p.path for p in program.params}
+    for p in program.params:
+        assert params[p.path].shape == tuple(p.type.shape)
+    opts = get_plugins().available("sexpgpu_optimizers")
+    info = next(o for o in opts if o.name == program.stages[0].optimizer.name)
+    names = info.state_names({**info.options, **program.stages[0].optimizer.options})
+    assert set(states) == {f"{p.path}/{n}" for p in program.params if p.trainable for n in names}
+    for ev in program.evals:
+        metrics = trainer.evaluate(ev.name, loader.next_batch())
+        assert list(metrics) == list(ev.metrics)
+        assert all(math.isfinite(v) for v in metrics.values())
+
+
+def test_tiny_lm_reruns_are_bit_identical() -> None:
+    path = REPO / "examples" / "tiny-lm.sx"
+    if not path.exists():
+        pytest.skip("examples/tiny-lm.sx is not there yet")
+    exports = []
+    for _ in range(2):
+        program, trainer, loader = _setup(path)
+        trainer.init_params()
+        _steps(program, trainer, loader, 3)
+        exports.append(trainer.export())
+    for a, b in zip(exports[0], exports[1], strict=True):
+        assert a.keys() == b.keys()
+        assert all(a[k].tobytes() == b[k].tobytes() for k in a)
+
+
+def test_importing_the_plugin_does_not_import_torch() -> None:
+    code = (
+        "import sys, sexpgpu_torch\n"
+        "infos = sexpgpu_torch.sexpgpu_optimizers() + sexpgpu_torch.sexpgpu_kernels()\n"
+        "infos += sexpgpu_torch.sexpgpu_lowerings()\n"
+        "assert [o.state_names(o.options) for o in sexpgpu_torch.sexpgpu_optimizers()]\n"
+        "print('torch' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@cuda
+def test_cuda_init_matches_cpu_and_training_is_deterministic() -> None:
+    path = REPO / "examples" / "tiny-lm.sx"
+    program, cpu_trainer, _ = _setup(path)
+    cpu_trainer.init_params()
+    runs = []
+    for _ in range(2):
+        program, trainer, loader = _setup(path, device="cuda")
+        trainer.init_params()
+        if not runs:
+            cpu_params = cpu_trainer.export()[0]
+            gpu_params = trainer.export()[0]
+            assert all(cpu_params[k].tobytes() == gpu_params[k].tobytes() for k in cpu_params)
+        _steps(program, trainer, loader, 3)
+        runs.append(trainer.export())
+    for a, b in zip(runs[0], runs[1], strict=True):
+        assert all(a[k].tobytes() == b[k].tobytes() for k in a)
+
+
+@cuda
+def test_cuda_bf16_precision_uses_autocast_and_stays_finite() -> None:
+    text = (
+        (REPO / "examples" / "tiny-lm.sx").read_text().replace(":seed 1", ":seed 1 :precision bf16")
+    )
+    from sexpgpu.lang import compile_text
+
+    program = compile_text(text, str(REPO / "examples" / "tiny-lm-bf16.sx"))
+    assert program.run.precision == "bf16"
+    plugins = get_plugins()
+    trainer = next(i for i in plugins.available("sexpgpu_lowerings") if i.name == "torch")
+    trainer = trainer.factory().lower(
+        program,
+        device="cuda",
+        kernels=plugins.available("sexpgpu_kernels"),
+        optimizers={o.name: o for o in plugins.available("sexpgpu_optimizers")},
+        pinned=None,
+    )
+    assert trainer.autocast
+    trainer.init_params()
+    stage = program.stages[0]
+    rng = np.random.default_rng(0)
+    batch = {
+        name: rng.integers(0, 16, t.shape).astype(np.int64) for name, t in stage.data.fields.items()
+    }
+    proposal = trainer.propose(batch, stage=0, step=1, lr=1e-3)
+    assert trainer.find_non_finite(proposal) is None
+    assert math.isfinite(proposal.loss)
