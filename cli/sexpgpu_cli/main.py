@@ -105,7 +105,9 @@ def main(argv: list[str] | None = None) -> None:
     group = build_cli()
     try:
         group.main(args=argv, prog_name="sexpgpu", standalone_mode=False)
-    except click.exceptions.Abort:
+    except click.exceptions.Abort as exc:
+        if isinstance(exc.__cause__, KeyboardInterrupt):
+            _interrupted_at_start_up()
         click.echo("Aborted!", err=True)
         sys.exit(1)
     except click.ClickException as exc:
@@ -116,8 +118,19 @@ def main(argv: list[str] | None = None) -> None:
     except SexpError as exc:
         click.echo(error_line(exc), err=True)
         sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        _interrupted_at_start_up()
     except BrokenPipeError:
         sys.exit(0)
+
+
+def _interrupted_at_start_up() -> None:
+    """Ctrl-C before a command installed its own handling (during start-up)."""
+    command = LazyGroup.invoked
+    prefix = f"sexpgpu {command}" if command else "sexpgpu"
+    suffix = " at step 0" if command == "run" else ""
+    click.echo(f"{prefix}: interrupted by SIGINT{suffix}", err=True)
+    sys.exit(130)
 
 
 def error_line(exc: SexpError) -> str:

@@ -762,20 +762,35 @@ class TorchTrainer:
     # -- checkpoints
 
     def export(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-        """Host copies of the parameters and the current states (bf16 as f32)."""
+        """Host copies of the parameters and the current states (bf16 as f32).
 
-        def host(t: Tensor) -> np.ndarray:
-            t = t.detach()
-            if t.dtype != torch.float32 and t.is_floating_point():
-                t = t.float()
-            return t.cpu().numpy().copy()
+        The copies land in arrays already laid out as the safetensors files a
+        checkpoint writes (``layout_tensors``), so writing them copies nothing more.
+        """
+        from sexpgpu.checkpoint import layout_tensors
 
-        params = {d.path: host(self.params[d.path]) for d in self.decls}
-        states: dict[str, np.ndarray] = {}
-        for i, path in enumerate(self.trainable):
-            for name, values in self.states.items():
-                states[f"{path}/{name}"] = host(values[i])
-        return params, states
+        sources = {d.path: self.params[d.path] for d in self.decls}
+        state_sources = {
+            f"{path}/{name}": values[i]
+            for i, path in enumerate(self.trainable)
+            for name, values in self.states.items()
+        }
+
+        def copy_out(tensors: Mapping[str, Tensor]) -> dict[str, np.ndarray]:
+            arrays = layout_tensors(
+                {
+                    name: (
+                        tuple(t.shape),
+                        "float32" if t.is_floating_point() else str(t.dtype).removeprefix("torch."),
+                    )
+                    for name, t in tensors.items()
+                }
+            )
+            for name, t in tensors.items():
+                torch.from_numpy(arrays[name]).copy_(t.detach())
+            return arrays
+
+        return copy_out(sources), copy_out(state_sources)
 
     def restore(
         self, params: Mapping[str, np.ndarray], states: Mapping[str, np.ndarray], *, stage: int

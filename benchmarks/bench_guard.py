@@ -1,0 +1,77 @@
+"""What the finite guard costs: step time of examples/tiny-lm.sx with and without it.
+
+Both are measured in the same process, interleaved in rounds so that machine
+noise falls on both alike; the figure is the ratio of medians (goal <= 1.03).
+
+    python benchmarks/bench_guard.py [--steps 40] [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+from sexpgpu.lang import compile_file
+from sexpgpu.plugins import get_plugins
+from sexpgpu.schedule import lr_at
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "tiny-lm.sx"
+
+
+def build():
+    plugins = get_plugins()
+    program = compile_file(str(EXAMPLE))
+    lowering = plugins.require("sexpgpu_lowerings", "cpu", lambda i: "cpu" in i.devices).factory()
+    optimizers = {o.name: o for o in plugins.available("sexpgpu_optimizers")}
+    trainer = lowering.lower(
+        program,
+        device="cpu",
+        kernels=plugins.available("sexpgpu_kernels"),
+        optimizers=optimizers,
+        pinned=None,
+    )
+    trainer.init_params()
+    stage = program.stages[0]
+    source = plugins.require("sexpgpu_data_sources", "data", lambda i: i.name == stage.data.source)
+    loader = source.factory(stage.data.options, stage.data.seq, stage.data.batch, program.run.seed)
+    batches = [loader.next_batch() for _ in range(8)]
+    return program, trainer, batches
+
+
+def time_steps(program, trainer, batches, steps: int, guard: bool, first_step: int) -> float:
+    stage = program.stages[0]
+    started = time.perf_counter()
+    for i in range(steps):
+        step = first_step + i
+        lr = lr_at(stage.optimizer, min(step, stage.steps), stage.steps)
+        proposal = trainer.propose(batches[i % len(batches)], stage=0, step=step, lr=lr)
+        if guard:
+            assert trainer.find_non_finite(proposal) is None
+        trainer.commit(proposal)
+    return (time.perf_counter() - started) / steps
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    program, trainer, batches = build()
+    time_steps(program, trainer, batches, 5, True, 1)  # warm up
+    plain, guarded = [], []
+    step = 6
+    for _ in range(args.rounds):
+        plain.append(time_steps(program, trainer, batches, args.steps, False, step))
+        step += args.steps
+        guarded.append(time_steps(program, trainer, batches, args.steps, True, step))
+        step += args.steps
+    p, g = statistics.median(plain), statistics.median(guarded)
+    print(f"tiny-lm step without guard: {p * 1e3:.3f} ms (median of {args.rounds} rounds)")
+    print(f"tiny-lm step with guard:    {g * 1e3:.3f} ms")
+    print(f"guard overhead ratio:       {g / p:.4f} (goal <= 1.03)")
+
+
+if __name__ == "__main__":
+    main()

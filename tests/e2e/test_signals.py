@@ -1,0 +1,119 @@
+"""Signals stop a run at a step boundary with a checkpoint of that step; nothing is lost."""
+
+from __future__ import annotations
+
+import random
+import signal
+import time
+
+import pytest
+from conftest import (
+    SIGNALS,
+    assert_same_tensors,
+    events,
+    experiments,
+    run_sexpgpu,
+    start_sexpgpu,
+    status,
+    step_dirs,
+    wait_for_step,
+)
+
+STEPS = "60"
+ARGS = ["examples/tiny-lm.sx", "--steps", STEPS, "--metrics-dir", "m", "--checkpoint-dir", "ckpt"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    import shutil
+
+    from conftest import EXAMPLES
+
+    root = tmp_path_factory.mktemp("whole")
+    shutil.copytree(EXAMPLES, root / "examples")
+    result = run_sexpgpu("run", *ARGS, cwd=root)
+    assert result.returncode == 0, result.stderr
+    return root / "ckpt" / f"step-{int(STEPS):08d}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["SIGTERM", "SIGINT", "SIGHUP"])
+def test_a_signal_stops_at_a_step_boundary_and_resume_is_exact(workdir, uninterrupted, name):
+    at = random.Random(name).randint(3, 30)
+    proc = start_sexpgpu("run", *ARGS, "--resume", "latest", cwd=workdir)
+    wait_for_step(workdir / "m", at, proc)
+    proc.send_signal(SIGNALS[name])
+    out, err = proc.communicate(timeout=120)
+    signum = SIGNALS[name]
+    assert proc.returncode == 128 + signum, err
+    (run_dir,) = experiments(workdir / "m")
+    st = status(run_dir)
+    n = st["step"]
+    assert n >= at
+    assert f"sexpgpu run: interrupted by {name} at step {n}" in err.splitlines()
+    stream = events(run_dir)
+    assert f"interrupted by {name} at step {n}" in [e.get("text") for e in stream]
+    assert stream[-1]["kind"] != "done" and all(e["kind"] != "done" for e in stream)
+    assert st["state"] == "interrupted"
+    assert f"step-{n:08d}" in step_dirs(workdir / "ckpt")
+    assert st["checkpoint"].endswith(f"step-{n:08d}")
+
+    resumed = run_sexpgpu("run", *ARGS, "--resume", "latest", cwd=workdir)
+    assert resumed.returncode == 0, resumed.stderr
+    assert status(run_dir)["state"] == "finished"
+    assert_same_tensors(uninterrupted, workdir / "ckpt" / f"step-{int(STEPS):08d}")
+
+
+@pytest.mark.slow
+def test_sigterm_and_sighup_together_are_one_clean_stop(workdir):
+    proc = start_sexpgpu("run", *ARGS, cwd=workdir)
+    wait_for_step(workdir / "m", 3, proc)
+    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signal.SIGHUP)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    (run_dir,) = experiments(workdir / "m")
+    assert status(run_dir)["state"] == "interrupted"
+    n = status(run_dir)["step"]
+    assert f"step-{n:08d}" in step_dirs(workdir / "ckpt")
+
+
+@pytest.mark.slow
+def test_a_second_sigint_ends_the_process_at_once(workdir):
+    proc = start_sexpgpu("run", *ARGS, cwd=workdir)
+    wait_for_step(workdir / "m", 3, proc)
+    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130
+    (run_dir,) = experiments(workdir / "m")
+    # Ended without any of the orderly stop: maybe no line printed, status not "finished".
+    assert status(run_dir)["state"] in ("running", "interrupted")
+    assert all(e["kind"] != "done" for e in events(run_dir))
+
+
+@pytest.mark.slow
+def test_sigkill_then_resume_repeats_the_steps_after_the_last_checkpoint(workdir, uninterrupted):
+    args = [*ARGS, "--set", "checkpoint-every=10", "--resume", "latest"]
+    proc = start_sexpgpu("run", *args, cwd=workdir)
+    wait_for_step(workdir / "m", 15, proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=60)
+    (run_dir,) = experiments(workdir / "m")
+    assert status(run_dir)["state"] == "running"
+    done = step_dirs(workdir / "ckpt")
+    assert done and done[-1] >= "step-00000010"
+    time.sleep(0.1)
+    resumed = run_sexpgpu("run", *args, cwd=workdir)
+    assert resumed.returncode == 0, resumed.stderr
+    assert_same_tensors(uninterrupted, workdir / "ckpt" / f"step-{int(STEPS):08d}")
+
+
+def test_a_signal_before_the_first_step_exits_promptly(workdir):
+    proc = start_sexpgpu("run", *ARGS, cwd=workdir)
+    time.sleep(0.3)  # during start-up: imports, compile
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    assert "interrupted by SIGINT at step" in err
