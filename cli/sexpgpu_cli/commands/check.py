@@ -1,0 +1,153 @@
+"""``sexpgpu check`` and ``sexpgpu compile``: compile a `.sx` file and show what it holds.
+
+Neither imports torch: compiling checks every shape without making a tensor.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import click
+from sexpgpu.errors import UsageError
+
+
+def _sets(values: tuple[str, ...]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in values:
+        name, eq, value = item.partition("=")
+        if not eq or not name.strip():
+            raise UsageError(f"--set takes name=value, got '{item}'")
+        out[name.strip()] = value
+    return out
+
+
+def _compile(file: str, sets: tuple[str, ...], variant: str | None, steps: int | None):
+    from sexpgpu.lang import compile_file
+
+    return compile_file(file, sets=_sets(sets), variant=variant, steps=steps)
+
+
+def _selection(f):
+    f = click.option("--steps", type=int, default=None, help="Set the knob `steps`.")(f)
+    f = click.option("--variant", default=None, metavar="NAME", help="Apply a defvariant.")(f)
+    f = click.option(
+        "--set", "sets", multiple=True, metavar="NAME=VALUE", help="Set a knob (repeatable)."
+    )(f)
+    return click.argument("file", type=click.Path(dir_okay=False))(f)
+
+
+def _shape(shape: tuple[int, ...]) -> str:
+    return "[" + ", ".join(map(str, shape)) + "]"
+
+
+@click.command("check")
+@_selection
+def check(file: str, sets: tuple[str, ...], variant: str | None, steps: int | None) -> None:
+    """Compile FILE, check every shape, and list its parameters."""
+    program = _compile(file, sets, variant, steps)
+    rows = [
+        (
+            p.path,
+            _shape(p.type.shape),
+            p.type.dtype,
+            "trainable" if p.trainable else "frozen",
+            ",".join(p.tags) or "-",
+            (f"load {p.load.tensor} from {p.load.uri}" if p.load else ""),
+        )
+        for p in program.params
+    ]
+    widths = [max((len(r[i]) for r in rows), default=0) for i in range(5)]
+    click.echo(
+        f"{program.file}: run {program.run.name}, {program.steps} steps, variant {program.variant or '-'}"
+    )
+    for r in rows:
+        line = "  ".join(c.ljust(w) for c, w in zip(r[:5], widths, strict=True))
+        click.echo(("  " + line + ("  " + r[5] if r[5] else "")).rstrip())
+    total = sum(math.prod(p.type.shape) for p in program.params)
+    trainable = sum(math.prod(p.type.shape) for p in program.params if p.trainable)
+    click.echo(f"{len(program.params)} parameters, {total:,} values ({trainable:,} trainable)")
+
+
+SHOW = ("graph", "params", "knobs", "sources", "sites", "all")
+
+
+@click.command("compile")
+@_selection
+@click.option(
+    "--show",
+    "show",
+    type=click.Choice(SHOW),
+    default="graph",
+    show_default=True,
+    help="What to print.",
+)
+def compile_(
+    file: str, sets: tuple[str, ...], variant: str | None, steps: int | None, show: str
+) -> None:
+    """Compile FILE and print the compiled program (graphs, params, knobs...)."""
+    program = _compile(file, sets, variant, steps)
+    parts = SHOW[:-1] if show == "all" else (show,)
+    for part in parts:
+        if show == "all":
+            click.echo(f"== {part}")
+        for line in _render(program, part):
+            click.echo(line)
+
+
+def _render(program: Any, part: str) -> list[str]:
+    if part == "params":
+        return [
+            f"{p.path}  {p.type}  {'trainable' if p.trainable else 'frozen'}"
+            f"  init {p.init.kind}{list(p.init.args) if p.init.args else ''}"
+            + (f"  tags {','.join(p.tags)}" if p.tags else "")
+            + (f"  load {p.load.tensor} from {p.load.uri}" if p.load else "")
+            for p in program.params
+        ]
+    if part == "knobs":
+        return [
+            f"{k.name} = {k.value!r}  ({k.source}; default {k.default!r})" for k in program.knobs
+        ]
+    if part == "sources":
+        return [f"{s.name}  {s.sha256}  {s.path or ''}".rstrip() for s in program.sources]
+    if part == "sites":
+        return [f"{s.name}  {s.kind}  {s.pos}" for s in program.sites]
+    out: list[str] = []
+    for stage in program.stages:
+        o = stage.optimizer
+        out.append(
+            f"stage {stage.name}: {stage.steps} steps on {stage.data.name}"
+            f" ({stage.data.source}, batch {stage.data.batch}, seq {stage.data.seq});"
+            f" optimizer {o.name} {dict(o.options)} schedule {o.schedule.kind}"
+            + (f" clip {o.clip}" if o.clip is not None else "")
+        )
+        out += _graph_lines(stage.loss, "  ")
+        out.append(f"  -> loss %{stage.loss.outputs[0]}")
+    for ev in program.evals:
+        out.append(
+            f"eval {ev.name}: every {ev.every} steps, {ev.batches} batches of {ev.data.name}"
+        )
+        out += _graph_lines(ev.graph, "  ")
+        out.append(
+            "  -> "
+            + ", ".join(f"{m} %{i}" for m, i in zip(ev.metrics, ev.graph.outputs, strict=True))
+        )
+    return out
+
+
+def _graph_lines(graph: Any, indent: str) -> list[str]:
+    lines = []
+    for n in graph.nodes:
+        attrs = " ".join(f":{k} {v}" for k, v in n.attrs.items() if k not in ("body", "slots"))
+        args = " ".join(f"%{a}" for a in n.args)
+        text = " ".join(x for x in (n.op, args, attrs) if x)
+        site = f"  [{n.site}]" if n.site else ""
+        lines.append(f"{indent}%{n.id} = {text} : {n.type}{site}")
+        if n.op == "repeat":
+            body = n.attrs["body"]
+            lines += _graph_lines(body, indent + "    ")
+            lines.append(f"{indent}    -> %{body.outputs[0]}")
+            for slot, _ in enumerate(n.attrs["slots"][0] if n.attrs["slots"] else ()):
+                paths = [it[slot] for it in n.attrs["slots"]]
+                lines.append(f"{indent}    slot {slot}: {paths[0]} ... {paths[-1]}")
+    return lines

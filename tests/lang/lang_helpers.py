@@ -1,0 +1,60 @@
+"""Small builders of .sx programs for the language tests."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from sexpgpu.graph import Program, TensorType
+from sexpgpu.lang import compile_text
+
+HERE = Path(__file__).parent
+FAKE = HERE / "fakeplugin"
+ROOT = HERE.parent.parent
+EXAMPLES = ROOT / "examples"
+
+
+def cli_env() -> dict[str, str]:
+    """The environment for running `sexpgpu` in a subprocess, with the fake plugin
+    on PYTHONPATH behind the real ones (its entry point sorts last)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(FAKE), env.get("PYTHONPATH", "")) if p)
+    env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def program(body: str, *, run: str = "", name: str = "t.sx", **kw) -> Program:
+    """A program from ``body`` (models, data...) and a ``defrun`` with ``run``'s options
+    added to a minimal one."""
+    text = f"{body}\n(defrun t {run})\n"
+    return compile_text(text, name, **kw)
+
+
+def model_output(
+    params: str, forward: str, *, args: str = "(x)", data: str = "(vectors)"
+) -> TensorType:
+    """The type a model with ``params`` and forward body ``forward`` gives on ``data``'s inputs."""
+    text = f"""
+(defmodel m ()
+  {params}
+  (forward {args} {forward}))
+(defdata d {data} :seq 6 :batch 4)
+(defrun t :model (m) :data d :loss (sum (cast (model inputs) f32)) :optimizer (sgd :lr 0.1) :steps 1)
+"""
+    loss = compile_text(text, "t.sx").stages[0].loss
+    cast = loss.nodes[loss.nodes[loss.outputs[0]].args[0]]
+    return loss.nodes[cast.args[0]].type
+
+
+BASE = """
+(defknob lr 0.5 "learning rate")
+(defknob steps 4)
+(defmodel net (vocab dim)
+  (param embed [vocab dim] :init (normal 0.02))
+  (param head [dim vocab] :init (normal 0.02))
+  (forward (tokens) (matmul (take embed tokens) head)))
+(defdata train (arithmetic :digits 3) :seq 8 :batch 2)
+"""
+
+RUN = """:model (net 16 8) :data train :loss (cross-entropy (model inputs) targets)
+  :optimizer (adam :lr lr) :steps steps"""
