@@ -405,13 +405,13 @@ class Run:
     # ---------------------------------------------------------------- endings
 
     def _interrupted(self) -> RunOutcome:
-        name = self.watch.name
+        name, signum = self.watch.name, int(self.watch.signum)
         self.metrics.annotation(self.step, f"interrupted by {name} at step {self.step}")
         if self.storage is not None and self.step > 0:
             self._checkpoint(finished=False)
             self._wait_for_checkpoint()
         self._finish("interrupted")
-        return RunOutcome(128 + int(self.watch.signum), f"interrupted by {name} at step {self.step}", self.step)
+        return RunOutcome(128 + signum, f"interrupted by {name} at step {self.step}", self.step)
 
     def _failed(self, line: str, error: BaseException) -> RunOutcome:
         try:

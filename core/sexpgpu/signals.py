@@ -68,6 +68,10 @@ class StopWatch:
             first = self.signum is None
             if first:
                 self.signum = signum
+            elif self.signum == signal.SIGHUP and signum in _FATAL_ON_SECOND and not self._terminating:
+                # SIGTERM and SIGHUP together (a machine shutting down) arrive in
+                # either order; the stop is reported as the SIGTERM.
+                self.signum = signum
             # Only a repeated SIGTERM/SIGINT is fatal: SIGTERM and SIGHUP arriving
             # together, in either order, is one clean stop.
             fatal = signum in _FATAL_ON_SECOND and self._terminating

@@ -167,7 +167,10 @@ def _cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
 
 
 def _accuracy(logits: Tensor, targets: Tensor) -> Tensor:
-    return (logits.argmax(dim=-1) == targets).float().mean()
+    # Masked positions (negative targets) count neither way, as in cross-entropy.
+    scored = targets >= 0
+    hits = (logits.argmax(dim=-1) == targets) & scored
+    return hits.sum().float() / scored.sum().clamp(min=1).float()
 
 
 def _mse(pred: Tensor, target: Tensor) -> Tensor:
