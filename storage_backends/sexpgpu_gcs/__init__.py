@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+from sexpgpu.extension import Storage, StorageBackendInfo
 from sexpgpu.hookspecs import hookimpl
 from sexpgpu.plugins import module_missing
+
+
+def _open(uri: str) -> Storage:
+    # google.cloud.storage is imported only here, when a gs:// location is opened.
+    from sexpgpu_gcs.backend import GcsStorage
+
+    return GcsStorage(uri)
 
 
 @hookimpl
@@ -12,5 +20,14 @@ def sexpgpu_unavailable():
 
 
 @hookimpl
-def sexpgpu_storage_backends():
-    return []
+def sexpgpu_storage_backends() -> list[StorageBackendInfo]:
+    """The ``gs`` scheme: ``gs://bucket/prefix`` with application-default credentials."""
+    return [
+        StorageBackendInfo(
+            schemes=("gs",),
+            factory=_open,
+            doc="gs://bucket/prefix; application-default credentials, "
+            "SEXPGPU_CHECKPOINT_GOOGLE_CREDENTIALS for a checkpoint key file, "
+            "STORAGE_EMULATOR_HOST for an emulator",
+        )
+    ]

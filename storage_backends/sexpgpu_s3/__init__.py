@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+from sexpgpu.extension import Storage, StorageBackendInfo
 from sexpgpu.hookspecs import hookimpl
 from sexpgpu.plugins import module_missing
+
+
+def _open(uri: str) -> Storage:
+    # boto3 is imported only here, when an s3:// location is opened.
+    from sexpgpu_s3.backend import S3Storage
+
+    return S3Storage(uri)
 
 
 @hookimpl
@@ -12,5 +20,13 @@ def sexpgpu_unavailable():
 
 
 @hookimpl
-def sexpgpu_storage_backends():
-    return []
+def sexpgpu_storage_backends() -> list[StorageBackendInfo]:
+    """The ``s3`` scheme: ``s3://bucket/prefix`` through boto3's standard configuration."""
+    return [
+        StorageBackendInfo(
+            schemes=("s3",),
+            factory=_open,
+            doc="s3://bucket/prefix; credentials and endpoint from boto3's standard "
+            "configuration, SEXPGPU_CHECKPOINT_PROFILE for a checkpoint profile",
+        )
+    ]

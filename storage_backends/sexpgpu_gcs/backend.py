@@ -1,0 +1,375 @@
+"""A checkpoint location in Google Cloud Storage: resumable uploads for large objects,
+concurrent writes, ranged reads, generation identity.
+
+Credentials are application-default (``GOOGLE_APPLICATION_CREDENTIALS``, gcloud's
+application-default login, the metadata server), or the key file named by
+``SEXPGPU_CHECKPOINT_GOOGLE_CREDENTIALS``; with ``STORAGE_EMULATOR_HOST`` set the
+client talks to that emulator anonymously.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import secrets
+import threading
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import google.auth
+import google.auth.exceptions as gauth_exc
+from google.api_core import exceptions as gexc
+from google.auth.credentials import AnonymousCredentials
+from google.cloud import storage
+from google.cloud.storage.retry import DEFAULT_RETRY
+from sexpgpu.errors import StorageError
+from sexpgpu.extension import ObjectIdentity
+
+NO_CREDENTIALS = "E-STORAGE-001"
+ACCESS_DENIED = "E-STORAGE-002"
+NO_SUCH_LOCATION = "E-STORAGE-003"
+CANNOT_LIST = "E-STORAGE-004"
+WRITE_FAILED = "E-STORAGE-005"
+READ_FAILED = "E-STORAGE-006"
+
+PROBE_PREFIX = ".sexpgpu-probe-"
+SCOPES = ("https://www.googleapis.com/auth/devstorage.read_write",)
+
+MIB = 1 << 20
+_CHUNK_UNIT = 256 * 1024  # resumable chunks must be multiples of 256 KiB
+RESUMABLE_ABOVE = 8 * MIB  # larger objects go up as resumable uploads, as gsutil does
+
+
+def _int_env(name: str, default: int, minimum: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise StorageError(f"{name} must be an integer, not {raw!r}") from None
+    if value < minimum:
+        raise StorageError(f"{name} must be at least {minimum}, not {value}")
+    return value
+
+
+def split_uri(uri: str) -> tuple[str, str]:
+    """(bucket, prefix without slashes at either end) of a ``gs://`` URI."""
+    rest = uri[len("gs://") :] if uri.lower().startswith("gs://") else uri
+    bucket, _, prefix = rest.partition("/")
+    if not bucket:
+        raise StorageError(f"{uri}: a gs:// location needs a bucket (gs://bucket/prefix)")
+    return bucket, prefix.strip("/")
+
+
+class GcsStorage:
+    """A ``gs://bucket/prefix`` location opened with the checkpoint credentials."""
+
+    def __init__(self, uri: str) -> None:
+        self.bucket_name, self.prefix = split_uri(uri)
+        self.uri = (
+            f"gs://{self.bucket_name}/{self.prefix}" if self.prefix else f"gs://{self.bucket_name}"
+        )
+        # Resumable uploads go in chunks of this size: fewer, larger requests are
+        # faster, and a failed chunk is all that is sent again.
+        self.chunk_size = _int_env("SEXPGPU_GCS_CHUNK_SIZE_MB", 100, 1) * MIB
+        self.concurrency = _int_env("SEXPGPU_GCS_CONCURRENCY", 8, 1)
+        self._lock = threading.Lock()
+        self._client: Any = None
+        self._source = "not yet resolved"
+
+    # -- client, made on first use
+
+    @property
+    def client(self) -> Any:
+        """The google-cloud-storage client (one per location)."""
+        with self._lock:
+            if self._client is None:
+                self._client = self._make_client()
+            return self._client
+
+    def _make_client(self) -> Any:
+        project = os.environ.get("GOOGLE_CLOUD_PROJECT") or None
+        if os.environ.get("STORAGE_EMULATOR_HOST"):
+            # The emulator has no auth; the client needs a project name all the same.
+            self._source = "anonymous (STORAGE_EMULATOR_HOST)"
+            return storage.Client(project=project or "sexpgpu", credentials=AnonymousCredentials())
+        key_file = os.environ.get("SEXPGPU_CHECKPOINT_GOOGLE_CREDENTIALS", "").strip()
+        try:
+            if key_file:
+                self._source = "SEXPGPU_CHECKPOINT_GOOGLE_CREDENTIALS"
+                credentials, found = _load_key_file(key_file)
+            else:
+                credentials, found = google.auth.default(scopes=list(SCOPES))
+                self._source = _describe_default(credentials)
+        except gauth_exc.DefaultCredentialsError as exc:
+            where = f"the key file {key_file}" if key_file else "application-default credentials"
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise StorageError(
+                f"no GCS credentials for {self.uri}: {where} could not be loaded ({first})",
+                code=NO_CREDENTIALS,
+            ) from None
+        return storage.Client(project=project or found, credentials=credentials)
+
+    def credential_source(self) -> str:
+        """Where the credentials come from, in words (never the credentials)."""
+        try:
+            self.client  # noqa: B018 - resolves the source
+        except StorageError:
+            return "none found"
+        return self._source
+
+    def _name(self, key: str) -> str:
+        key = key.strip("/")
+        return f"{self.prefix}/{key}" if self.prefix and key else (self.prefix or key)
+
+    def _where(self, key: str) -> str:
+        key = key.strip("/")
+        return f"{self.uri}/{key}" if key else self.uri
+
+    def _error(self, exc: Exception, doing: str, key: str, code: str) -> StorageError:
+        """One line for a failed call: what, where, the credential source, a stable code."""
+        if isinstance(exc, StorageError):
+            return exc
+        where = self._where(key)
+        source = self._source
+        if isinstance(exc, gauth_exc.RefreshError):
+            return StorageError(
+                f"the GCS credentials ({source}) could not be refreshed {doing} {where}",
+                code=NO_CREDENTIALS,
+            )
+        if isinstance(exc, gexc.Unauthorized):
+            return StorageError(
+                f"access denied {doing} {where}: the credentials ({source}) were not accepted",
+                code=ACCESS_DENIED,
+            )
+        if isinstance(exc, gexc.Forbidden):
+            return StorageError(
+                f"access denied {doing} {where} (credentials: {source})", code=ACCESS_DENIED
+            )
+        if isinstance(exc, gexc.NotFound):
+            if doing == "listing" or "bucket" in str(exc).lower():
+                return StorageError(
+                    f"no such bucket {self.bucket_name} {doing} {where} (credentials: {source})",
+                    code=NO_SUCH_LOCATION,
+                )
+            return StorageError(f"{where} does not exist", code=NO_SUCH_LOCATION)
+        detail = " ".join(str(exc).split()) or type(exc).__name__
+        return StorageError(
+            f"{doing} {where} failed: {detail[:300]} (credentials: {source})", code=code
+        )
+
+    # -- Storage
+
+    def describe(self) -> str:
+        """The location, the credential source and an emulator when one is used."""
+        text = f"{self.uri} (credentials: {self.credential_source()}"
+        emulator = os.environ.get("STORAGE_EMULATOR_HOST")
+        if emulator:
+            text += f", endpoint {emulator}"
+        return text + ")"
+
+    def check_writable(self) -> None:
+        """List the prefix, upload a small probe object and delete it."""
+        try:
+            iterator = self.client.list_blobs(
+                self.bucket_name, prefix=self._name("") + "/" if self.prefix else "", max_results=1
+            )
+            list(iterator)
+        except Exception as exc:
+            raise self._error(exc, "listing", "", CANNOT_LIST) from None
+        probe = PROBE_PREFIX + secrets.token_hex(6)
+        self.write(probe, b"sexpgpu write probe\n")
+        self.delete(probe)
+
+    def list_children(self, prefix: str = "") -> list[str]:
+        """Names of objects and prefixes one level under ``prefix``, every page."""
+        full = self._name(prefix)
+        full = full + "/" if full else ""
+        names: set[str] = set()
+        try:
+            iterator = self.client.list_blobs(
+                self.bucket_name, prefix=full, delimiter="/", retry=DEFAULT_RETRY
+            )
+            for page in iterator.pages:
+                for blob in page:
+                    names.add(blob.name[len(full) :])
+                for common in page.prefixes:
+                    names.add(common[len(full) :].rstrip("/"))
+        except Exception as exc:
+            raise self._error(exc, "listing", prefix, CANNOT_LIST) from None
+        return sorted(n for n in names if n and not n.startswith(PROBE_PREFIX))
+
+    def _blob(self, key: str) -> Any:
+        return self.client.bucket(self.bucket_name).blob(self._name(key))
+
+    def exists(self, key: str) -> bool:
+        """Whether an object is at ``key``."""
+        try:
+            return bool(self._blob(key).exists(retry=DEFAULT_RETRY))
+        except Exception as exc:
+            raise self._error(exc, "reading", key, READ_FAILED) from None
+
+    def read(self, key: str) -> bytes:
+        """The whole object."""
+        try:
+            return self._blob(key).download_as_bytes(retry=DEFAULT_RETRY)
+        except Exception as exc:
+            raise self._error(exc, "reading", key, READ_FAILED) from None
+
+    def read_range(self, key: str, start: int, length: int) -> bytes:
+        """A ranged GET of ``length`` bytes from ``start``; fewer at the end of the object."""
+        if start < 0 or length < 0:
+            raise ValueError("start and length must not be negative")
+        if length == 0:
+            return b""
+        try:
+            return self._blob(key).download_as_bytes(
+                start=start, end=start + length - 1, retry=DEFAULT_RETRY
+            )
+        except gexc.RequestRangeNotSatisfiable:
+            return b""  # start at or past the end
+        except Exception as exc:
+            raise self._error(exc, "reading", key, READ_FAILED) from None
+
+    def write(self, key: str, data: bytes | memoryview) -> None:
+        """One upload: a single request when small, a resumable upload in chunks when large.
+
+        An object appears only when its upload finishes, so each is all or nothing.
+        """
+        if not key.strip("/"):
+            raise StorageError(f"{self.uri}: cannot write an object without a name")
+        view = memoryview(data).cast("B")
+        try:
+            if len(view) > RESUMABLE_ABOVE:
+                chunk = max(_CHUNK_UNIT, self.chunk_size // _CHUNK_UNIT * _CHUNK_UNIT)
+                blob = self.client.bucket(self.bucket_name).blob(self._name(key), chunk_size=chunk)
+            else:
+                blob = self._blob(key)
+            # Rewriting a checkpoint file with the same bytes is harmless, so uploads
+            # retry transient failures even without a generation precondition.
+            blob.upload_from_file(
+                _ViewReader(view),
+                size=len(view),
+                content_type="application/octet-stream",
+                retry=DEFAULT_RETRY,
+            )
+        except Exception as exc:
+            raise self._error(exc, "writing", key, WRITE_FAILED) from None
+
+    def write_many(self, items: Mapping[str, bytes | memoryview]) -> None:
+        """Upload every object on its own thread; the first failure is raised once all finish."""
+        if len(items) <= 1:
+            for key, data in items.items():
+                self.write(key, data)
+            return
+        self.client  # noqa: B018 - made once, before the threads share it
+        with ThreadPoolExecutor(max_workers=min(self.concurrency, len(items))) as pool:
+            futures = [pool.submit(self.write, key, data) for key, data in items.items()]
+        for future in futures:
+            future.result()
+
+    def delete(self, key: str) -> None:
+        """Remove the object; a missing one is not an error."""
+        try:
+            self._blob(key).delete(retry=DEFAULT_RETRY)
+        except gexc.NotFound:
+            return
+        except Exception as exc:
+            raise self._error(exc, "deleting", key, WRITE_FAILED) from None
+
+    def identity(self, key: str) -> ObjectIdentity:
+        """Size and ``generation:<n>``: GCS gives each write of an object a new generation."""
+        try:
+            blob = self.client.bucket(self.bucket_name).get_blob(
+                self._name(key), retry=DEFAULT_RETRY
+            )
+        except Exception as exc:
+            raise self._error(exc, "reading", key, READ_FAILED) from None
+        if blob is None:
+            raise StorageError(f"{self._where(key)} does not exist", code=NO_SUCH_LOCATION)
+        if blob.generation is not None:
+            version = f"generation:{blob.generation}"
+        else:  # not seen from GCS itself; kept for stores that leave generations out
+            version = f"md5:{blob.md5_hash}"
+        return ObjectIdentity(size=int(blob.size), version=version)
+
+
+class _ViewReader(io.RawIOBase):
+    """A seekable read-only stream over a memoryview: the upload copies one chunk at a
+    time instead of the whole object (``io.BytesIO`` would copy it all up front)."""
+
+    def __init__(self, view: memoryview) -> None:
+        super().__init__()
+        self._view = view
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._view)}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def read(self, size: int = -1) -> bytes:
+        end = (
+            len(self._view) if size is None or size < 0 else min(len(self._view), self._pos + size)
+        )
+        data = self._view[self._pos : end].tobytes()
+        self._pos = max(self._pos, end)
+        return data
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+
+def _load_key_file(path: str) -> tuple[Any, str | None]:
+    """Credentials from a service-account key or an authorized-user file."""
+    import json
+
+    from google.oauth2 import credentials as user_credentials
+    from google.oauth2 import service_account
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            info = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise gauth_exc.DefaultCredentialsError(
+            f"cannot read it: {getattr(exc, 'strerror', None) or type(exc).__name__}"
+        ) from None
+    kind = info.get("type") if isinstance(info, dict) else None
+    if kind == "service_account":
+        creds = service_account.Credentials.from_service_account_info(info, scopes=list(SCOPES))
+        return creds, info.get("project_id")
+    if kind == "authorized_user":
+        creds = user_credentials.Credentials.from_authorized_user_info(info, scopes=list(SCOPES))
+        return creds, info.get("quota_project_id")
+    raise gauth_exc.DefaultCredentialsError(
+        f"its type is {kind!r}; a service_account or authorized_user file is needed"
+    )
+
+
+def _describe_default(credentials: Any) -> str:
+    # Names the kind of credentials, never a key or a token.
+    kind = type(credentials).__module__ + "." + type(credentials).__name__
+    if os.environ.get("GOOGLE_APPLICATION_CREDENTIALS"):
+        return "GOOGLE_APPLICATION_CREDENTIALS"
+    if "compute_engine" in kind:
+        return "instance service account"
+    if "oauth2.credentials" in kind:
+        return "application-default login"
+    if "external_account" in kind or "identity_pool" in kind:
+        return "workload identity federation"
+    if "impersonated" in kind:
+        return "impersonated service account"
+    return type(credentials).__name__

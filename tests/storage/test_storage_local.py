@@ -1,0 +1,144 @@
+"""The local backend: paths and file:// URIs, atomic writes, errors for unusable folders."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+
+import pytest
+from sexpgpu.errors import StorageError
+from sexpgpu_local.backend import TEMP_PREFIX, LocalStorage
+
+_ROOT = os.geteuid() == 0 if hasattr(os, "geteuid") else False
+
+
+def test_file_uri_and_plain_path_are_the_same_folder(tmp_path):
+    plain = LocalStorage(str(tmp_path / "run"))
+    plain.write("step-00000001/state.json", b"{}")
+    uri = LocalStorage((tmp_path / "run").as_uri())
+    assert uri.list_children() == ["step-00000001"]
+    assert uri.read("step-00000001/state.json") == b"{}"
+    assert uri.root == plain.root
+
+
+def test_file_uri_on_another_host_is_refused():
+    with pytest.raises(StorageError, match="must be on this machine"):
+        LocalStorage("file://server/share/run")
+
+
+def test_check_writable_creates_the_folder(tmp_path):
+    store = LocalStorage(str(tmp_path / "a" / "b" / "run"))
+    store.check_writable()
+    assert (tmp_path / "a" / "b" / "run").is_dir()
+    assert os.listdir(tmp_path / "a" / "b" / "run") == []
+
+
+def test_a_file_in_the_way_cannot_be_listed(tmp_path):
+    (tmp_path / "run").write_bytes(b"not a folder")
+    store = LocalStorage(str(tmp_path / "run"))
+    with pytest.raises(StorageError) as info:
+        store.list_children()
+    assert info.value.code == "E-STORAGE-004"
+    assert str(info.value).startswith("E-STORAGE-004: cannot list")
+    with pytest.raises(StorageError) as info:
+        store.check_writable()
+    assert info.value.code == "E-STORAGE-004"
+
+
+@pytest.mark.skipif(_ROOT, reason="root reads any folder")
+def test_an_unreadable_folder_cannot_be_listed(tmp_path):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    folder.chmod(0)
+    try:
+        with pytest.raises(StorageError) as info:
+            LocalStorage(str(folder)).list_children()
+        assert info.value.code == "E-STORAGE-004"
+    finally:
+        folder.chmod(0o755)
+
+
+@pytest.mark.skipif(_ROOT, reason="root writes any folder")
+def test_a_failed_write_keeps_the_old_bytes(tmp_path):
+    store = LocalStorage(str(tmp_path / "run"))
+    store.write("state.json", b"old")
+    (tmp_path / "run").chmod(0o555)
+    try:
+        with pytest.raises(StorageError) as info:
+            store.write("state.json", b"new")
+        assert info.value.code == "E-STORAGE-002"
+    finally:
+        (tmp_path / "run").chmod(0o755)
+    assert store.read("state.json") == b"old"
+
+
+def test_a_write_into_a_file_fails_cleanly(tmp_path):
+    store = LocalStorage(str(tmp_path / "run"))
+    store.write("step-00000001", b"a file where a folder should be")
+    with pytest.raises(StorageError) as info:
+        store.write("step-00000001/state.json", b"{}")
+    assert info.value.code == "E-STORAGE-005"
+    assert "\n" not in str(info.value)
+
+
+def test_temp_files_are_never_listed(tmp_path):
+    store = LocalStorage(str(tmp_path / "run"))
+    store.write("step-00000001/params.safetensors", b"x" * 100)
+    # What a write cut off by SIGKILL leaves behind.
+    (tmp_path / "run" / "step-00000001" / f"{TEMP_PREFIX}state.json-dead").write_bytes(b"{")
+    assert store.list_children("step-00000001") == ["params.safetensors"]
+    assert not store.exists("step-00000001/state.json")
+
+
+def test_write_leaves_no_temp_files(tmp_path):
+    store = LocalStorage(str(tmp_path / "run"))
+    store.write_many({f"step-00000001/f{i}": os.urandom(10_000) for i in range(6)})
+    assert sorted(os.listdir(tmp_path / "run" / "step-00000001")) == [f"f{i}" for i in range(6)]
+
+
+def test_a_killed_writer_leaves_old_or_new_bytes(tmp_path):
+    # A child rewrites one file in a loop and is SIGKILLed at some point; whatever that
+    # point was, the file holds one whole version, never a torn mix.
+    target = tmp_path / "run"
+    code = (
+        "import sys; from sexpgpu_local.backend import LocalStorage\n"
+        f"s = LocalStorage({str(target)!r})\n"
+        "s.write('f', b'A' * (8 << 20)); print('ready', flush=True)\n"
+        "i = 0\n"
+        "while True:\n"
+        "    i += 1; s.write('f', bytes([65 + i % 26]) * (8 << 20))\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    assert child.stdout.readline().strip() == b"ready"
+    child.kill()
+    child.wait()
+    data = (target / "f").read_bytes()
+    assert len(data) == 8 << 20
+    assert data == data[:1] * len(data)
+    assert LocalStorage(str(target)).list_children() == ["f"]
+
+
+def test_delete_prunes_empty_folders_but_not_the_location(tmp_path):
+    store = LocalStorage(str(tmp_path / "run"))
+    store.write("step-00000001/deep/x", b"1")
+    store.delete("step-00000001/deep/x")
+    assert (tmp_path / "run").is_dir()
+    assert os.listdir(tmp_path / "run") == []
+
+
+def test_keys_cannot_leave_the_location(tmp_path):
+    store = LocalStorage(str(tmp_path / "run"))
+    with pytest.raises(StorageError):
+        store.write("../outside", b"x")
+    assert not (tmp_path / "outside").exists()
+
+
+def test_identity_is_the_sha256_of_the_bytes(tmp_path):
+    data = os.urandom(9 << 20)  # more than one hashing chunk
+    store = LocalStorage(str(tmp_path / "run"))
+    store.write("f", data)
+    identity = store.identity("f")
+    assert identity.size == len(data)
+    assert identity.version == "sha256:" + hashlib.sha256(data).hexdigest()
