@@ -33,6 +33,7 @@ def main() -> None:
     import numpy as np
     import torch
     from safetensors.torch import save_file
+
     from sexpgpu import checkpoint as ckpt
     from sexpgpu.storage import open_location
 

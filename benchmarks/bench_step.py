@@ -27,8 +27,9 @@ def _hand_written(params0: dict, program, attention: str):
     """tiny-lm as one would write it in PyTorch: modules, torch.optim.AdamW, clipping."""
     import torch
     import torch.nn.functional as F
-    from sexpgpu_torch import kernels
     from torch import nn
+
+    from sexpgpu_torch import kernels
 
     attend = kernels.attention_math if attention == "math" else kernels.attention_sdpa
 

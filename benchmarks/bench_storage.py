@@ -101,6 +101,7 @@ def bench_gcs(items: dict[str, bytes], files: dict[str, Path], log: Path, repeat
         os.environ.update(STORAGE_EMULATOR_HOST=server.url, GOOGLE_CLOUD_PROJECT="bench")
         from google.auth.credentials import AnonymousCredentials
         from google.cloud import storage
+
         from sexpgpu_gcs.backend import GcsStorage
 
         client = storage.Client(project="bench", credentials=AnonymousCredentials())

@@ -19,7 +19,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from sexpgpu import __version__
 from sexpgpu.errors import CheckpointError, PluginError, RunError, SexpError, UsageError
 from sexpgpu.graph import DataDecl, Program
 from sexpgpu.log import get_logger
@@ -94,7 +93,9 @@ def _optimizers() -> dict[str, Any]:
     return {info.name: info for info in get_plugins().available("sexpgpu_optimizers")}
 
 
-def state_names_for(program: Program, stage: int, optimizers: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
+def state_names_for(
+    program: Program, stage: int, optimizers: Mapping[str, Any]
+) -> dict[str, tuple[str, ...]]:
     """Each parameter's optimizer state names in ``stage`` (none for frozen ones)."""
     decl = program.stages[stage].optimizer
     info = optimizers.get(decl.name)
@@ -276,13 +277,19 @@ class Run:
                 batch = self.loader.next_batch()
                 from sexpgpu.schedule import lr_at
 
-                lr = lr_at(program.stages[stage].optimizer, step_in_stage, program.stages[stage].steps)
+                lr = lr_at(
+                    program.stages[stage].optimizer, step_in_stage, program.stages[stage].steps
+                )
                 proposal = self.trainer.propose(batch, stage=stage, step=step, lr=lr)
                 if program.run.guard_finite:
                     bad = self.trainer.find_non_finite(proposal)
                     if bad is not None:
                         kind, name, count = bad
-                        what = f"proposed parameter of {name}" if kind == "parameter" else f"proposed state {name}"
+                        what = (
+                            f"proposed parameter of {name}"
+                            if kind == "parameter"
+                            else f"proposed state {name}"
+                        )
                         raise RunError(
                             f"step {step}: the {what} has {count} values that are not finite; "
                             "nothing was committed"
@@ -316,7 +323,9 @@ class Run:
             line = f"{type(error).__name__}: {error}".splitlines()[0]
             with open(os.path.join(self.run_dir, "traceback.txt"), "w") as f:
                 traceback.print_exc(file=f)
-            return self._failed(f"step {self.step + 1}: {line} (traceback in {self.run_dir}/traceback.txt)", error)
+            return self._failed(
+                f"step {self.step + 1}: {line} (traceback in {self.run_dir}/traceback.txt)", error
+            )
 
     def _count(self, batch: Mapping[str, Any]) -> None:
         first = next(iter(batch.values()))
@@ -336,10 +345,14 @@ class Run:
             for _ in range(max(1, eval_pass.batches)):
                 if self.watch.stopping:
                     return  # a pass in flight stops at its next batch and reports nothing
-                for name, value in self.trainer.evaluate(eval_pass.name, loader.next_batch()).items():
+                for name, value in self.trainer.evaluate(
+                    eval_pass.name, loader.next_batch()
+                ).items():
                     totals[name] = totals.get(name, 0.0) + value
             for name, value in totals.items():
-                self.metrics.point(step, f"{eval_pass.name}/{name}", value / max(1, eval_pass.batches))
+                self.metrics.point(
+                    step, f"{eval_pass.name}/{name}", value / max(1, eval_pass.batches)
+                )
 
     # ------------------------------------------------------------ checkpoints
 
@@ -393,7 +406,9 @@ class Run:
             raise
         except Exception as error:
             self.written_step = None
-            raise CheckpointError(f"writing the checkpoint of step {step} failed: {error}") from error
+            raise CheckpointError(
+                f"writing the checkpoint of step {step} failed: {error}"
+            ) from error
         from sexpgpu.checkpoint import location_of
 
         location = location_of(self.storage, key)
@@ -423,7 +438,11 @@ class Run:
         return RunOutcome(1, line, self.step)
 
     def _finish(self, state: str, error: str | None = None) -> None:
-        fields: dict[str, Any] = {"state": state, "step": self.step, "checkpoint": self.last_checkpoint}
+        fields: dict[str, Any] = {
+            "state": state,
+            "step": self.step,
+            "checkpoint": self.last_checkpoint,
+        }
         if error is not None:
             fields["error"] = error
         self.status.update(**fields)
@@ -475,7 +494,11 @@ class _Progress:
         elapsed = max(now - self.started, 1e-9)
         per_step = elapsed / max(1, step - self.first_step)
         eta = per_step * (self.total - step)
-        rate = f"  {((tokens or 0) - self.first_tokens) / elapsed:,.0f} tok/s" if tokens is not None else ""
+        rate = (
+            f"  {((tokens or 0) - self.first_tokens) / elapsed:,.0f} tok/s"
+            if tokens is not None
+            else ""
+        )
         sys.stderr.write(f"\rstep {step}/{self.total}  loss {loss:.4f}{rate}  ETA {eta:,.0f}s   ")
         sys.stderr.flush()
 

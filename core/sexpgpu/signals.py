@@ -68,7 +68,11 @@ class StopWatch:
             first = self.signum is None
             if first:
                 self.signum = signum
-            elif self.signum == signal.SIGHUP and signum in _FATAL_ON_SECOND and not self._terminating:
+            elif (
+                self.signum == signal.SIGHUP
+                and signum in _FATAL_ON_SECOND
+                and not self._terminating
+            ):
                 # SIGTERM and SIGHUP together (a machine shutting down) arrive in
                 # either order; the stop is reported as the SIGTERM.
                 self.signum = signum

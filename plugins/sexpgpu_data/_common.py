@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
+
 from sexpgpu.errors import RunError, SourceError
 
 E_FILE = "E-DATA-001"

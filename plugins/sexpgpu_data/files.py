@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
+
 from sexpgpu.graph import TensorType
 
 from ._common import (

@@ -24,10 +24,10 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+
 from sexpgpu.errors import CheckpointError, PluginError, RunError
 from sexpgpu.extension import KernelInfo, OptimizerInfo
 from sexpgpu.graph import Graph, Node, ParamDecl, Program
-
 from sexpgpu_torch import kernels as builtin_kernels
 from sexpgpu_torch.optim import clip_by_global_norm
 from sexpgpu_torch.rng import derive_seed

@@ -23,6 +23,7 @@ from google.api_core import exceptions as gexc
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import storage
 from google.cloud.storage.retry import DEFAULT_RETRY
+
 from sexpgpu.errors import StorageError
 from sexpgpu.extension import ObjectIdentity
 

@@ -18,6 +18,7 @@ from typing import Any
 import boto3
 import botocore.exceptions as bexc
 from botocore.config import Config
+
 from sexpgpu.errors import StorageError
 from sexpgpu.extension import ObjectIdentity
 

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from sexpgpu.graph import Program
 from sexpgpu.storage import open_location
 

@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 
 import numpy as np
+
 from sexpgpu import checkpoint as ckpt
 from sexpgpu.errors import Pos
 from sexpgpu.graph import Init, Knob, LoadSpec, ParamDecl, Program, RunSettings, Source, TensorType

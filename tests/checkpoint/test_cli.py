@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from sexpgpu import checkpoint as ckpt
 from sexpgpu.graph import LoadSpec, Source
 from sexpgpu.storage import open_location

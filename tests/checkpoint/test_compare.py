@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+
 from sexpgpu import checkpoint as ckpt
 from sexpgpu.errors import CheckpointError
 from sexpgpu.graph import Knob, Source

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from sexpgpu import checkpoint as ckpt
 from sexpgpu.errors import CheckpointError
 

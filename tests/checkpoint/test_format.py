@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
+
 from sexpgpu import checkpoint as ckpt
 from sexpgpu.errors import CheckpointError, StorageError, UsageError
 from sexpgpu.storage import open_location

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from sexpgpu import checkpoint as ckpt
 from sexpgpu.storage import open_location
 

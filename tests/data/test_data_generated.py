@@ -7,6 +7,7 @@ import sys
 
 import numpy as np
 import pytest
+
 import sexpgpu_data
 from sexpgpu.errors import SexpError
 from sexpgpu.plugins import get_plugins

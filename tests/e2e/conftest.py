@@ -64,17 +64,25 @@ def status(run_dir: Path) -> dict:
     return json.loads((run_dir / "status.json").read_text())
 
 
-def wait_for_step(metrics_dir: Path, step: int, proc: subprocess.Popen, timeout: float = 120) -> int:
+def wait_for_step(
+    metrics_dir: Path, step: int, proc: subprocess.Popen, timeout: float = 120
+) -> int:
     """Wait until some experiment under ``metrics_dir`` reports a loss at ``step`` or later."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for run_dir in experiments(metrics_dir):
-            seen = [e["step"] for e in events(run_dir) if e.get("kind") == "point" and e.get("name") == "loss"]
+            seen = [
+                e["step"]
+                for e in events(run_dir)
+                if e.get("kind") == "point" and e.get("name") == "loss"
+            ]
             if seen and max(seen) >= step:
                 return max(seen)
         if proc.poll() is not None:
             out, err = proc.communicate()
-            raise AssertionError(f"sexpgpu ended before step {step}: rc={proc.returncode}\n{out}\n{err}")
+            raise AssertionError(
+                f"sexpgpu ended before step {step}: rc={proc.returncode}\n{out}\n{err}"
+            )
         time.sleep(0.02)
     raise AssertionError(f"no step {step} within {timeout}s")
 

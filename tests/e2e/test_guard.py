@@ -14,14 +14,32 @@ MESSAGE = re.compile(
 
 def test_guard_stops_with_nothing_committed_and_resume_replays(workdir):
     ok = run_sexpgpu(
-        "run", "examples/my-run.sx", "--steps", "2", "--checkpoint-dir", "ckpt", "--metrics-dir", "m",
+        "run",
+        "examples/my-run.sx",
+        "--steps",
+        "2",
+        "--checkpoint-dir",
+        "ckpt",
+        "--metrics-dir",
+        "m",
         cwd=workdir,
     )
     assert ok.returncode == 0, ok.stderr
     before = (workdir / "ckpt" / "step-00000002" / "params.safetensors").read_bytes()
     bad = run_sexpgpu(
-        "run", "examples/my-run.sx", "--set", "guard=true", "--set", "lr=1e39",
-        "--checkpoint-dir", "ckpt", "--metrics-dir", "m", "--resume", "latest", cwd=workdir,
+        "run",
+        "examples/my-run.sx",
+        "--set",
+        "guard=true",
+        "--set",
+        "lr=1e39",
+        "--checkpoint-dir",
+        "ckpt",
+        "--metrics-dir",
+        "m",
+        "--resume",
+        "latest",
+        cwd=workdir,
     )
     assert bad.returncode == 1, bad.stderr
     lines = [line for line in bad.stderr.splitlines() if line.startswith("sexpgpu run:")]
@@ -40,7 +58,14 @@ def test_guard_stops_with_nothing_committed_and_resume_replays(workdir):
     assert (workdir / "ckpt" / "step-00000002" / "params.safetensors").read_bytes() == before
     # A resume from it replays the step.
     again = run_sexpgpu(
-        "run", "examples/my-run.sx", "--checkpoint-dir", "ckpt", "--metrics-dir", "m", "--resume", "latest",
+        "run",
+        "examples/my-run.sx",
+        "--checkpoint-dir",
+        "ckpt",
+        "--metrics-dir",
+        "m",
+        "--resume",
+        "latest",
         cwd=workdir,
     )
     assert again.returncode == 0, again.stderr

@@ -50,7 +50,10 @@ def test_a_changed_parameter_is_refused_and_nothing_is_written(workdir):
     source.write_text(
         source.read_text()
         .replace("(net 32 8)", "(net 32 16)")
-        .replace("(param noise [vocab] :init (uniform -1 1) :frozen true)", "(param noise [vocab] :init (uniform -1 1))")
+        .replace(
+            "(param noise [vocab] :init (uniform -1 1) :frozen true)",
+            "(param noise [vocab] :init (uniform -1 1))",
+        )
     )
     before = sorted(os.listdir(workdir / "ckpt"))
     result = run_sexpgpu(*RUN, "--resume", "latest", "--steps", "6", cwd=workdir)
@@ -120,7 +123,16 @@ def _kernel_plugin(root: Path) -> Path:
 def test_a_recorded_choice_is_pinned_and_refused_when_it_cannot_be_taken(workdir):
     site = _kernel_plugin(workdir)
     with_plugin = sexpgpu_env(PYTHONPATH=str(site))
-    tiny = ["run", "examples/tiny-lm.sx", "--steps", "2", "--checkpoint-dir", "ckpt", "--metrics-dir", "m"]
+    tiny = [
+        "run",
+        "examples/tiny-lm.sx",
+        "--steps",
+        "2",
+        "--checkpoint-dir",
+        "ckpt",
+        "--metrics-dir",
+        "m",
+    ]
     first = run_sexpgpu(*tiny, env=with_plugin, cwd=workdir)
     assert first.returncode == 0, first.stderr
     recorded = json.loads((workdir / "ckpt" / "step-00000002" / "experiment.json").read_text())
@@ -134,7 +146,9 @@ def test_a_recorded_choice_is_pinned_and_refused_when_it_cannot_be_taken(workdir
     assert step_dirs(workdir / "ckpt") == ["step-00000002"]
 
     # --choices fresh chooses again, and the change is recorded.
-    fresh = run_sexpgpu(*tiny[:3], "4", *tiny[4:], "--resume", "latest", "--choices", "fresh", cwd=workdir)
+    fresh = run_sexpgpu(
+        *tiny[:3], "4", *tiny[4:], "--resume", "latest", "--choices", "fresh", cwd=workdir
+    )
     assert fresh.returncode == 0, fresh.stderr
     lines = _resume_annotation(workdir)
     assert "choice attention:model.blocks.attn thirdparty-attn -> math" in lines
@@ -166,7 +180,9 @@ def test_loading_one_elsewhere_runs_the_spec_snippet(workdir):
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", snippet], capture_output=True, text=True, check=True
+    )
     assert "model.noise" in out.stdout and "model.embed/m" in out.stdout
 
 

@@ -30,7 +30,12 @@ def test_my_run_trains_and_checkpoints(workdir):
     assert step_dirs(workdir / "ckpt") == ["step-00000002", "step-00000004"]
     for name in step_dirs(workdir / "ckpt"):
         files = sorted(p.name for p in (workdir / "ckpt" / name).iterdir())
-        assert files == ["experiment.json", "params.safetensors", "state.json", "states.safetensors"]
+        assert files == [
+            "experiment.json",
+            "params.safetensors",
+            "state.json",
+            "states.safetensors",
+        ]
     final = json.loads((workdir / "ckpt" / "step-00000004" / "experiment.json").read_text())
     first = json.loads((workdir / "ckpt" / "step-00000002" / "experiment.json").read_text())
     assert final["finished"] is True and first["finished"] is False
@@ -49,24 +54,42 @@ def test_without_location_nothing_is_written(workdir):
 
 
 def test_resume_latest_starts_restarts_and_continues(workdir):
-    args = ["run", "examples/my-run.sx", "--checkpoint-dir", "ckpt", "--metrics-dir", "m", "--resume", "latest"]
+    args = [
+        "run",
+        "examples/my-run.sx",
+        "--checkpoint-dir",
+        "ckpt",
+        "--metrics-dir",
+        "m",
+        "--resume",
+        "latest",
+    ]
     first = run_sexpgpu(*args, "--steps", "2", cwd=workdir)
     assert first.returncode == 0, first.stderr
     second = run_sexpgpu(*args, cwd=workdir)
     assert second.returncode == 0, second.stderr
     (run_dir,) = experiments(workdir / "m")  # the same experiment
     stream = events(run_dir)
-    resumed = [e for e in stream if e["kind"] == "annotation" and e["text"].startswith("resumed from")]
+    resumed = [
+        e for e in stream if e["kind"] == "annotation" and e["text"].startswith("resumed from")
+    ]
     assert len(resumed) == 1
     lines = resumed[0]["text"].split("\n")
     assert lines[0].startswith("resumed from ") and lines[0].endswith("ckpt/step-00000002")
     assert lines[1:] == ["knob steps 2 -> 4"]
-    assert [e["step"] for e in stream if e["kind"] == "point" and e["name"] == "loss"] == [1, 2, 3, 4]
+    assert [e["step"] for e in stream if e["kind"] == "point" and e["name"] == "loss"] == [
+        1,
+        2,
+        3,
+        4,
+    ]
     assert step_dirs(workdir / "ckpt") == ["step-00000002", "step-00000004"]
 
 
 def test_resume_latest_needs_a_location(workdir):
-    result = run_sexpgpu("run", "examples/my-run.sx", "--resume", "latest", "--metrics-dir", "m", cwd=workdir)
+    result = run_sexpgpu(
+        "run", "examples/my-run.sx", "--resume", "latest", "--metrics-dir", "m", cwd=workdir
+    )
     assert result.returncode != 0
     assert result.stderr.strip().count("\n") == 0, result.stderr
     assert "Traceback" not in result.stderr
@@ -74,7 +97,13 @@ def test_resume_latest_needs_a_location(workdir):
 
 def test_resume_of_a_missing_checkpoint_is_an_error(workdir):
     result = run_sexpgpu(
-        "run", "examples/my-run.sx", "--resume", "nowhere/step-00000002", "--metrics-dir", "m", cwd=workdir
+        "run",
+        "examples/my-run.sx",
+        "--resume",
+        "nowhere/step-00000002",
+        "--metrics-dir",
+        "m",
+        cwd=workdir,
     )
     assert result.returncode == 1
     assert "Traceback" not in result.stderr

@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 import pytest
 from click.testing import CliRunner
+
 from sexpgpu import plugins as plugin_loading
 from sexpgpu.errors import PluginError, SexpError
 from sexpgpu.extension import (

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import structlog
+
 from sexpgpu import log
 
 from .pluginkit import make_mem_plugin, run_sexpgpu

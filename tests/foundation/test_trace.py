@@ -16,7 +16,6 @@ print(len(infos) > 0)
 """
 
 
-
 def json_lines(stderr: str) -> list[dict]:
     """Every log line of a run with ``--log-format json`` (each must be a JSON object)."""
     return [json.loads(line) for line in stderr.splitlines() if line.strip()]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from lang_helpers import BASE, RUN
+
 from sexpgpu.errors import SexpError, SourceError
 from sexpgpu.lang import compile_text
 

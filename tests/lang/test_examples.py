@@ -6,6 +6,7 @@ import math
 
 import pytest
 from lang_helpers import EXAMPLES
+
 from sexpgpu.lang import compile_file
 
 

@@ -7,6 +7,7 @@ import os
 
 import pytest
 from lang_helpers import BASE, RUN, program
+
 from sexpgpu.errors import Pos, SourceError
 from sexpgpu.graph import Init, LoadSpec, Schedule, TensorType
 from sexpgpu.lang import compile_file, compile_text, core_source

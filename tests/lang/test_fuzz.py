@@ -6,6 +6,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from lang_helpers import EXAMPLES
+
 from sexpgpu.errors import SexpError, SourceError
 from sexpgpu.graph import Program
 from sexpgpu.lang import compile_text

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from lang_helpers import RUN
+
 from sexpgpu.errors import SourceError, UsageError
 from sexpgpu.graph import Knob
 from sexpgpu.lang import compile_text

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from lang_helpers import model_output
+
 from sexpgpu.errors import Pos, SourceError
 from sexpgpu.graph import TensorType
 from sexpgpu.lang import compile_text

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from sexpgpu.errors import Pos, SourceError
 from sexpgpu.lang.reader import Atom, Kw, SList, SVec, Sym, read, show
 

@@ -11,6 +11,7 @@ import textwrap
 import time
 
 import pytest
+
 from sexpgpu.metrics import MetricsStream, open_sinks
 from sexpgpu.plugins import get_plugins
 from sexpgpu_jsonl.sink import JsonlSink, events_path, read_events

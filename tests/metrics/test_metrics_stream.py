@@ -9,6 +9,7 @@ import uuid
 
 import pytest
 import structlog
+
 from sexpgpu.errors import PluginError, RunError
 from sexpgpu.log import get_logger
 from sexpgpu.metrics import RESERVED_KEYS, MetricsStream, new_slug, open_sinks

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
+
 from sexpgpu.metrics import MetricsStream, open_sinks
 from sexpgpu.plugins import get_plugins
 
@@ -27,8 +28,9 @@ def test_listed_unavailable_with_the_install_hint():
 
 @pytest.mark.skipif(not HAS_TENSORBOARD, reason="tensorboard is not installed")
 def test_points_and_annotations_read_back_by_tensorboard(tmp_path):
-    from sexpgpu_tensorboard.sink import logdir
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from sexpgpu_tensorboard.sink import logdir
 
     slug = "my-run-3f9a1c"
     for steps in ([1, 2], [3]):  # a resumed run adds a second event file

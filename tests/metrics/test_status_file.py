@@ -7,6 +7,7 @@ import threading
 import time
 
 import pytest
+
 from sexpgpu.status import STATES, StatusFile, read_status, status_path
 
 KEYS = {"state", "summary", "error", "step", "checkpoint", "slug", "updated"}

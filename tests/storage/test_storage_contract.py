@@ -7,6 +7,7 @@ import os
 
 import numpy as np
 import pytest
+
 from sexpgpu.errors import StorageError
 from sexpgpu.extension import ObjectIdentity
 

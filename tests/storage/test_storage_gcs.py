@@ -8,9 +8,9 @@ import struct
 
 import numpy as np
 import pytest
+
 from sexpgpu.errors import StorageError
 from sexpgpu_gcs.backend import GcsStorage
-
 from tests.servers import CountingProxy, point_gcs_at, unique_prefix
 
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+
 from sexpgpu.errors import StorageError
 from sexpgpu_local.backend import TEMP_PREFIX, LocalStorage
 

@@ -10,9 +10,9 @@ import struct
 import boto3
 import numpy as np
 import pytest
+
 from sexpgpu.errors import StorageError
 from sexpgpu_s3.backend import S3Storage
-
 from tests.servers import (
     CountingProxy,
     free_port,

@@ -7,13 +7,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from torch_build import G, param, program, site, stage
+
 from sexpgpu.errors import CheckpointError
 from sexpgpu.extension import KernelInfo
 from sexpgpu.graph import TensorType
 from sexpgpu.plugins import get_plugins, reset_plugins
 from sexpgpu_torch import kernels as K
 from sexpgpu_torch.lowering import choose_kernels
-from torch_build import G, param, program, site, stage
 
 ATTN = "attention:model.attn"
 CONV = "conv2d:model.conv"

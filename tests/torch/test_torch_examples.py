@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+
 from sexpgpu.lang import compile_file
 from sexpgpu.plugins import get_plugins
 from sexpgpu.schedule import lr_at

@@ -9,9 +9,10 @@ from collections.abc import Callable
 import pytest
 import torch
 import torch.nn.functional as F
+from torch_build import G
+
 from sexpgpu_torch import kernels as K
 from sexpgpu_torch.lowering import Ctx, compile_graph
-from torch_build import G
 
 CPU = torch.device("cpu")
 

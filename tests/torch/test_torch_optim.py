@@ -5,10 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from torch_build import G, param, program, stage
+
 from sexpgpu.graph import Init, TensorType
 from sexpgpu.plugins import get_plugins
 from sexpgpu_torch import optim
-from torch_build import G, param, program, stage
 
 CASES = [
     ("sgd", {"lr": 0.1}, lambda ps: torch.optim.SGD(ps, lr=0.1)),

@@ -5,10 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from torch_build import POS, G, param, program, site, stage
+
 from sexpgpu.errors import CheckpointError
 from sexpgpu.graph import DataDecl, EvalPass, Init, TensorType
 from sexpgpu.plugins import get_plugins
-from torch_build import POS, G, param, program, site, stage
 
 B, T, D, V = 2, 4, 8, 11
 FIELDS = {"inputs": TensorType((B, T), "i64"), "targets": TensorType((B, T), "i64")}

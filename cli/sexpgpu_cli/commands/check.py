@@ -9,6 +9,7 @@ import math
 from typing import Any
 
 import click
+
 from sexpgpu.errors import UsageError
 
 
