@@ -136,6 +136,7 @@ class Run:
         self = cls()
         self.options = options
         self.watch = watch
+        self.log.info("compiling", file=options.file)
         program = compile_file(
             options.file, sets=dict(options.sets), variant=options.variant, steps=options.steps
         )

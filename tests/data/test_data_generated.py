@@ -41,7 +41,7 @@ def same(a, b):
 
 
 def test_every_source_is_registered_through_the_entry_point():
-    names = {info.name for info in get_plugins().available("data_sources")}
+    names = {info.name for info in get_plugins().available("sexpgpu_data_sources")}
     assert {"arithmetic", "copy", "sort", "shapes", "text", "tokens", "npy"} <= names
 
 

@@ -1,117 +1,13 @@
-"""Helpers for end-to-end tests: `sexpgpu` in a subprocess, its metrics and checkpoints."""
+"""Fixtures for end-to-end tests."""
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-EXAMPLES = REPO / "examples"
-SEXPGPU = [sys.executable, "-c", "from sexpgpu_cli.main import main; main()"]
-
-
-def sexpgpu_env(**extra: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update({"OMP_NUM_THREADS": "1", "SEXPGPU_LOG_FORMAT": "json", "PYTHONUNBUFFERED": "1"})
-    env.update(extra)
-    return env
-
-
-def run_sexpgpu(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 300):
-    """Run `sexpgpu ARGS` to the end; returns the CompletedProcess."""
-    return subprocess.run(
-        [*SEXPGPU, *map(str, args)],
-        cwd=cwd,
-        env=env or sexpgpu_env(),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
-def start_sexpgpu(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
-    """Start `sexpgpu ARGS` in the background (its own process group)."""
-    return subprocess.Popen(
-        [*SEXPGPU, *map(str, args)],
-        cwd=cwd,
-        env=env or sexpgpu_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def experiments(metrics_dir: Path) -> list[Path]:
-    return sorted(p for p in metrics_dir.iterdir() if p.is_dir()) if metrics_dir.exists() else []
-
-
-def events(run_dir: Path) -> list[dict]:
-    path = run_dir / "events.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def status(run_dir: Path) -> dict:
-    return json.loads((run_dir / "status.json").read_text())
-
-
-def wait_for_step(
-    metrics_dir: Path, step: int, proc: subprocess.Popen, timeout: float = 120
-) -> int:
-    """Wait until some experiment under ``metrics_dir`` reports a loss at ``step`` or later."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for run_dir in experiments(metrics_dir):
-            seen = [
-                e["step"]
-                for e in events(run_dir)
-                if e.get("kind") == "point" and e.get("name") == "loss"
-            ]
-            if seen and max(seen) >= step:
-                return max(seen)
-        if proc.poll() is not None:
-            out, err = proc.communicate()
-            raise AssertionError(
-                f"sexpgpu ended before step {step}: rc={proc.returncode}\n{out}\n{err}"
-            )
-        time.sleep(0.02)
-    raise AssertionError(f"no step {step} within {timeout}s")
-
-
-def tensors(checkpoint: Path) -> dict[str, dict[str, bytes]]:
-    """Every tensor's dtype, shape and raw bytes in a checkpoint's two tensor files."""
-    from safetensors.numpy import load_file
-
-    result = {}
-    for name in ("params.safetensors", "states.safetensors"):
-        arrays = load_file(str(checkpoint / name))
-        result[name] = {k: (str(v.dtype), v.shape, v.tobytes()) for k, v in arrays.items()}
-    return result
-
-
-def assert_same_tensors(a: Path, b: Path) -> None:
-    ta, tb = tensors(a), tensors(b)
-    for name in ta:
-        assert sorted(ta[name]) == sorted(tb[name]), f"{name}: different tensors"
-        for key in ta[name]:
-            assert ta[name][key] == tb[name][key], f"{name}:{key} differs between {a} and {b}"
-
-
-def step_dirs(checkpoint_dir: Path) -> list[str]:
-    return sorted(p.name for p in checkpoint_dir.iterdir() if p.name.startswith("step-"))
-
-
-def send(proc: subprocess.Popen, signum: int) -> None:
-    os.kill(proc.pid, signum)
+from .helpers import EXAMPLES
 
 
 @pytest.fixture
@@ -119,6 +15,3 @@ def workdir(tmp_path: Path) -> Path:
     """A temp folder holding copies of the examples, as a user's project would."""
     shutil.copytree(EXAMPLES, tmp_path / "examples")
     return tmp_path
-
-
-SIGNALS = {"SIGTERM": signal.SIGTERM, "SIGINT": signal.SIGINT, "SIGHUP": signal.SIGHUP}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from conftest import events, experiments, run_sexpgpu, status, step_dirs
+from .helpers import events, experiments, run_sexpgpu, status, step_dirs
 
 MESSAGE = re.compile(
     r"^sexpgpu run: step (\d+): the proposed (parameter of [\w.]+|state [\w.]+/\w+) "

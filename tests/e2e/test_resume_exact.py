@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from conftest import assert_same_tensors, run_sexpgpu, step_dirs
+
+from .helpers import assert_same_tensors, run_sexpgpu, step_dirs
 
 
 def test_my_run_resumed_after_every_step_is_byte_identical(workdir):

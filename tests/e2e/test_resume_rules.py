@@ -7,7 +7,7 @@ import os
 import textwrap
 from pathlib import Path
 
-from conftest import events, experiments, run_sexpgpu, sexpgpu_env, step_dirs
+from .helpers import events, experiments, run_sexpgpu, sexpgpu_env, step_dirs
 
 RUN = ["run", "examples/my-run.sx", "--checkpoint-dir", "ckpt", "--metrics-dir", "m"]
 

@@ -7,7 +7,8 @@ import signal
 import time
 
 import pytest
-from conftest import (
+
+from .helpers import (
     SIGNALS,
     assert_same_tensors,
     events,
@@ -27,7 +28,7 @@ ARGS = ["examples/tiny-lm.sx", "--steps", STEPS, "--metrics-dir", "m", "--checkp
 def uninterrupted(tmp_path_factory):
     import shutil
 
-    from conftest import EXAMPLES
+    from .helpers import EXAMPLES
 
     root = tmp_path_factory.mktemp("whole")
     shutil.copytree(EXAMPLES, root / "examples")
@@ -111,9 +112,15 @@ def test_sigkill_then_resume_repeats_the_steps_after_the_last_checkpoint(workdir
 
 def test_a_signal_before_the_first_step_exits_promptly(workdir):
     proc = start_sexpgpu("run", *ARGS, cwd=workdir)
-    time.sleep(0.3)  # during start-up: imports, compile
+    seen = []
+    for line in proc.stderr:  # JSON log lines; "compiling" comes before compile and lowering
+        seen.append(line)
+        if '"compiling"' in line:
+            break
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
+    err = "".join(seen) + err
     assert proc.returncode == 130, err
     assert "Traceback" not in err
-    assert "interrupted by SIGINT at step" in err
+    assert "sexpgpu run: interrupted by SIGINT at step 0" in err.splitlines()
+    assert not (workdir / "ckpt").exists() or not step_dirs(workdir / "ckpt")
