@@ -136,6 +136,12 @@ class Run:
         self = cls()
         self.options = options
         self.watch = watch
+        # The checkpoint location is proved listable and writable before anything
+        # else, so a run never finds out hours in that it cannot write.
+        self.storage = None
+        if options.checkpoint_dir:
+            self.storage = open_location(options.checkpoint_dir)
+            self.storage.check_writable()
         self.log.info("compiling", file=options.file)
         program = compile_file(
             options.file, sets=dict(options.sets), variant=options.variant, steps=options.steps
@@ -148,11 +154,6 @@ class Run:
                     "(with-loaded) are compiled but cannot be trained yet"
                 )
 
-        # The checkpoint location is proved writable before anything expensive.
-        self.storage = None
-        if options.checkpoint_dir:
-            self.storage = open_location(options.checkpoint_dir)
-            self.storage.check_writable()
         resumed = None
         if options.resume:
             found = ckpt.resolve_resume(options.resume, options.checkpoint_dir)
