@@ -3,7 +3,8 @@
 Sources (docs/data.md documents each one's options, fields and token map):
 ``arithmetic``, ``copy``, ``sort``, ``shapes`` (generated, endless, batch ``i`` a
 pure function of ``(seed, i)``) and ``text``, ``tokens``, ``npy`` (files, shuffled
-per epoch from ``(seed, epoch)``). Only numpy is imported; never torch.
+per epoch from ``(seed, epoch)``). Only numpy is imported, and only when a source
+is asked for (``sexpgpu --help`` and ``sexpgpu plugins`` stay fast); never torch.
 """
 
 from __future__ import annotations
@@ -11,17 +12,24 @@ from __future__ import annotations
 from sexpgpu.extension import DataSourceInfo
 from sexpgpu.hookspecs import hookimpl
 
-from . import files, generated
-from ._common import DataFileError, DataOptionError, rng_for
-
 __all__ = ["DataFileError", "DataOptionError", "data_sources", "rng_for", "sexpgpu_data_sources"]
 
 
 SPLIT_DOC = "a name for the stream: 'train' (default); any other name (e.g. 'eval') gives another stream from the same seed"
 
 
+def __getattr__(name: str):
+    if name in ("DataFileError", "DataOptionError", "rng_for"):
+        from . import _common
+
+        return getattr(_common, name)
+    raise AttributeError(name)
+
+
 def data_sources() -> list[DataSourceInfo]:
     """Every built-in data source's descriptor."""
+    from . import files, generated
+
     return [
         DataSourceInfo(
             name="arithmetic",

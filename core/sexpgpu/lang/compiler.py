@@ -1449,7 +1449,8 @@ class Compiler:
         try:
             fields = dict(info.fields(options, seq, batch))
         except SexpError as exc:
-            raise _err(exc.message, exc.pos or src.pos) from None
+            # keep the source's stable code (E-DATA-00x): the line names it for docs/errors.md
+            raise SourceError(exc.message, code=exc.code, pos=exc.pos or src.pos) from None
         except Exception as exc:  # a data source's own complaint about its options
             raise _err(f"data source '{sname.name}': {exc}", src.pos) from None
         decl = g.DataDecl(name, sname.name, options, seq, batch, fields, form.items[1].pos)
