@@ -53,9 +53,11 @@ class Trainer(Protocol):
     def commit(self, proposal: Any) -> None:
         """Make the proposal the current parameters and optimizer states."""
 
-    def export(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    def export(self, *, reuse: bool = False) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         """Host copies of (parameters by path, current stage's states by ``path/state``),
-        ``bf16`` as ``f32``; safe to write while training goes on."""
+        ``bf16`` as ``f32``; safe to write while training goes on. With ``reuse`` the
+        trainer may overwrite and hand back the previous export's arrays (the caller
+        is done with them), which saves allocating a model's worth per checkpoint."""
 
     def restore(
         self, params: Mapping[str, np.ndarray], states: Mapping[str, np.ndarray], *, stage: int

@@ -586,6 +586,7 @@ class TorchTrainer:
         fns = {site: k.factory() for site, k in chosen.items()}
         self.decls = list(program.params)
         self.trainable = [d.path for d in self.decls if d.trainable]
+        self._export_buffers: dict[tuple, dict[str, np.ndarray]] = {}
 
         # Stages: compiled loss, optimizer update, state group.
         self.stage_loss = [
@@ -764,11 +765,14 @@ class TorchTrainer:
 
     # -- checkpoints
 
-    def export(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    def export(self, *, reuse: bool = False) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         """Host copies of the parameters and the current states (bf16 as f32).
 
         The copies land in arrays already laid out as the safetensors files a
         checkpoint writes (``layout_tensors``), so writing them copies nothing more.
+        With ``reuse`` the previous export's arrays are overwritten and handed
+        back when their layout fits (fresh pages would cost page faults on every
+        checkpoint); the caller must be done with them.
         """
         from sexpgpu.checkpoint import layout_tensors
 
@@ -780,15 +784,18 @@ class TorchTrainer:
         }
 
         def copy_out(tensors: Mapping[str, Tensor]) -> dict[str, np.ndarray]:
-            arrays = layout_tensors(
-                {
-                    name: (
-                        tuple(t.shape),
-                        "float32" if t.is_floating_point() else str(t.dtype).removeprefix("torch."),
-                    )
-                    for name, t in tensors.items()
-                }
-            )
+            specs = {
+                name: (
+                    tuple(t.shape),
+                    "float32" if t.is_floating_point() else str(t.dtype).removeprefix("torch."),
+                )
+                for name, t in tensors.items()
+            }
+            key = tuple(specs.items())
+            arrays = self._export_buffers.get(key) if reuse else None
+            if arrays is None:
+                arrays = layout_tensors(specs)
+                self._export_buffers[key] = arrays
             for name, t in tensors.items():
                 torch.from_numpy(arrays[name]).copy_(t.detach())
             return arrays

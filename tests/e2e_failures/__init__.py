@@ -1,0 +1,1 @@
+"""End-to-end failure paths: bad input and failures during a run, through `sexpgpu`."""
