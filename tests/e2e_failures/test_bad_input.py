@@ -91,6 +91,8 @@ def test_a_malformed_sx_is_one_positioned_line(tmp_path):
     line = error_line(run_sexpgpu("run", "bad.sx", *CKPT, cwd=tmp_path))
     assert line == "bad.sx:5:1: '(' is never closed", line
 
+    # The data is read when its defdata is compiled, the forward when the defrun is.
+    (tmp_path / "data.txt").write_bytes(b"x" * 100)
     (tmp_path / "typo.sx").write_text(TEXT_SX.replace("(matmul (take", "(matmull (take"))
     line = error_line(run_sexpgpu("run", "typo.sx", *CKPT, cwd=tmp_path))
     assert line == "typo.sx:8:22: unknown op 'matmull' (did you mean 'matmul'?)", line

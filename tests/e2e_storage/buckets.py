@@ -155,3 +155,9 @@ def assert_same_tensors(a: dict, b: dict) -> None:
         assert a[name], f"{name}: no tensors"
         for key in a[name]:
             assert a[name][key] == b[name][key], f"{name}:{key} differs"
+
+
+def said(stderr: str) -> list[str]:
+    """What `sexpgpu` told the user on stderr: its lines less the JSON log records
+    (the tests run it with ``SEXPGPU_LOG_FORMAT=json``)."""
+    return [line for line in stderr.splitlines() if line.strip() and not line.startswith("{")]
