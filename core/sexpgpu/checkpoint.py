@@ -27,7 +27,7 @@ import json
 import math
 import re
 import struct
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -206,8 +206,13 @@ def state_record(
     counters: Mapping[str, int],
     loader: Mapping[str, Any] | None,
     seed: int,
+    evals_pending: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """The content of ``state.json``: where the run is when the checkpoint is taken."""
+    """The content of ``state.json``: where the run is when the checkpoint is taken.
+
+    ``evals_pending`` names the evaluation passes due at this step that a signal
+    stopped before they reported; the resume runs them first.
+    """
     return {
         "step": int(step),
         "stage": int(stage),
@@ -215,6 +220,7 @@ def state_record(
         "counters": {name: int(value) for name, value in counters.items()},
         "loader": _jsonable(dict(loader)) if loader is not None else None,
         "seed": int(seed),
+        "evals_pending": [str(name) for name in evals_pending],
     }
 
 

@@ -168,6 +168,7 @@ class Run:
         self.step = int(state["step"]) if state else 0
         self.stage = int(state["stage"]) if state else 0
         self.records = int(state["records"]) if state else 0
+        self.evals_pending: list[str] = list(state.get("evals_pending", [])) if state else []
         self.counters = {name: 0 for name in program.run.counters}
         if state:
             self.counters.update({k: int(v) for k, v in state.get("counters", {}).items()})
@@ -269,6 +270,8 @@ class Run:
         total = program.steps
         progress = _Progress(total, enabled=self.options.progress)
         try:
+            if self.evals_pending:  # passes a signal stopped before they reported
+                self._evaluate(self.step, self.evals_pending)
             if self.watch.stopping:
                 return self._interrupted()
             while self.step < total:
@@ -339,9 +342,15 @@ class Run:
             self.counters["tokens"] += int(batch[self.loader_info.tokens_field].size)
 
     def _maybe_evaluate(self, step: int) -> None:
-        for eval_pass in self.program.evals:
-            if not eval_pass.every or step % eval_pass.every:
-                continue
+        due = [p.name for p in self.program.evals if p.every and step % p.every == 0]
+        if due:
+            self._evaluate(step, due)
+
+    def _evaluate(self, step: int, names: list[str]) -> None:
+        """Run the named passes; one a signal stops stays in ``evals_pending``."""
+        self.evals_pending = list(names)
+        for eval_pass in [p for p in self.program.evals if p.name in names]:
+            # Eval data is its own stream, the same at every pass and on every resume.
             _, loader = _open_loader(eval_pass.data, self.program.run.seed + 1)
             totals: dict[str, float] = {}
             for _ in range(max(1, eval_pass.batches)):
@@ -355,6 +364,7 @@ class Run:
                 self.metrics.point(
                     step, f"{eval_pass.name}/{name}", value / max(1, eval_pass.batches)
                 )
+            self.evals_pending.remove(eval_pass.name)
 
     # ------------------------------------------------------------ checkpoints
 
@@ -376,6 +386,7 @@ class Run:
             counters=self.counters,
             loader=self.loader.position() if self.loader is not None else None,
             seed=self.program.run.seed,
+            evals_pending=self.evals_pending,
         )
         experiment = ckpt.experiment_record(
             self.program,

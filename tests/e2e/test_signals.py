@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 import signal
 import time
@@ -124,3 +125,30 @@ def test_a_signal_before_the_first_step_exits_promptly(workdir):
     assert "Traceback" not in err
     assert "sexpgpu run: interrupted by SIGINT at step 0" in err.splitlines()
     assert not (workdir / "ckpt").exists() or not step_dirs(workdir / "ckpt")
+
+
+@pytest.mark.slow
+def test_an_eval_pass_in_flight_stops_reports_nothing_and_is_run_again_by_the_resume(workdir):
+    source = workdir / "examples" / "tiny-lm.sx"
+    source.write_text(
+        source.read_text().replace(
+            "(eval probe :every 50 :data train :batches 2", "(eval probe :every 5 :data train :batches 5000"
+        )
+    )
+    args = ["examples/tiny-lm.sx", "--steps", "8", "--metrics-dir", "m", "--checkpoint-dir", "ckpt"]
+    proc = start_sexpgpu("run", *args, cwd=workdir)
+    wait_for_step(workdir / "m", 5, proc)  # the pass at step 5 starts right after this point
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    assert "sexpgpu run: interrupted by SIGTERM at step 5" in err.splitlines()
+    (run_dir,) = experiments(workdir / "m")
+    assert not [e for e in events(run_dir) if e.get("name", "").startswith("probe/")]
+    state = json.loads((workdir / "ckpt" / "step-00000005" / "state.json").read_text())
+    assert state["evals_pending"] == ["probe"]
+
+    source.write_text(source.read_text().replace(":batches 5000", ":batches 2"))
+    resumed = run_sexpgpu("run", *args, "--resume", "latest", cwd=workdir)
+    assert resumed.returncode == 0, resumed.stderr
+    probe = [e for e in events(run_dir) if e.get("name", "").startswith("probe/")]
+    assert {e["step"] for e in probe} == {5}

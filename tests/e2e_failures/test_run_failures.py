@@ -1,0 +1,89 @@
+"""Failures once a run has started: one line naming the step, exit 1, the status file
+and the metrics stream say `failed`, traceback.txt keeps the detail, and the last
+checkpoint is intact and resumable."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from tests.e2e.helpers import assert_same_tensors, run_sexpgpu, sexpgpu_env, status, step_dirs
+
+from .kit import FLAKY_SX, TEXT_SX, assert_failed_run, error_line, flaky_plugin, losses
+
+RUN = ["--checkpoint-dir", "ckpt", "--metrics-dir", "m"]
+
+
+def _traceback_line(step: int, what: str) -> re.Pattern[str]:
+    return re.compile(
+        rf"^sexpgpu run: step {step}: {what} \(traceback in (m/[\w-]+)/traceback\.txt\)$"
+    )
+
+
+def test_take_out_of_range_fails_at_run_time_and_keeps_the_last_checkpoint(tmp_path):
+    # The shape checker knows a text batch is i64[4, 8], not which values it holds:
+    # bytes 0..15 fit a 16-row table, a file with bytes beyond 15 does not.
+    (tmp_path / "text.sx").write_text(TEXT_SX)
+    data = tmp_path / "data.txt"
+    data.write_bytes(bytes(i % 16 for i in range(200)))
+    small = ["run", "text.sx", "--set", "vocab=16", *RUN]
+    first = run_sexpgpu(*small, "--steps", "2", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    kept = {p.name: p.read_bytes() for p in (tmp_path / "ckpt" / "step-00000002").iterdir()}
+
+    # The same size, so the loader's saved position still fits; other values.
+    data.write_bytes(bytes(range(200)))
+    result = run_sexpgpu(*small, "--resume", "latest", cwd=tmp_path)
+    line = error_line(result)
+    match = _traceback_line(3, r"IndexError: index out of range in self").match(line)
+    assert match, line
+    run_dir = assert_failed_run(tmp_path / "m", line)
+    assert match.group(1) == f"m/{run_dir.name}"
+    assert "Traceback (most recent call last)" in (run_dir / "traceback.txt").read_text()
+    st = status(run_dir)
+    assert st["step"] == 2 and st["checkpoint"] == "ckpt/step-00000002", st
+    # Nothing of step 3 was written, and step 2 is byte for byte what it was.
+    assert step_dirs(tmp_path / "ckpt") == ["step-00000002"]
+    after = {p.name: p.read_bytes() for p in (tmp_path / "ckpt" / "step-00000002").iterdir()}
+    assert after == kept
+
+
+def test_an_exception_in_a_step_after_a_checkpoint_fails_then_resume_finishes(tmp_path):
+    site = flaky_plugin(tmp_path)
+    (tmp_path / "flaky.sx").write_text(FLAKY_SX)
+    sound = sexpgpu_env(PYTHONPATH=str(site))
+    broken = sexpgpu_env(PYTHONPATH=str(site), FLAKY_FAIL_AT="5")
+
+    # A run never broken, to compare the checkpoints with.
+    ref = run_sexpgpu(
+        "run", "flaky.sx", "--checkpoint-dir", "ref", "--metrics-dir", "refm", env=sound, cwd=tmp_path
+    )
+    assert ref.returncode == 0, ref.stderr
+
+    result = run_sexpgpu("run", "flaky.sx", *RUN, "--resume", "latest", env=broken, cwd=tmp_path)
+    line = error_line(result)
+    match = _traceback_line(5, r"ValueError: flaky source broke at batch 5").match(line)
+    assert match, line
+    run_dir = assert_failed_run(tmp_path / "m", line)
+    assert match.group(1) == f"m/{run_dir.name}"
+    text = (run_dir / "traceback.txt").read_text()
+    assert "next_batch" in text and text.rstrip().endswith(
+        "ValueError: flaky source broke at batch 5"
+    )
+    st = status(run_dir)
+    assert st["step"] == 4 and st["checkpoint"] == "ckpt/step-00000004", st
+    assert sorted(losses(run_dir)) == [1, 2, 3, 4]
+    # The checkpoints before the failure are intact: the bits of the run never broken.
+    assert step_dirs(tmp_path / "ckpt") == ["step-00000002", "step-00000004"]
+    assert_same_tensors(tmp_path / "ckpt" / "step-00000004", tmp_path / "ref" / "step-00000004")
+
+    # The plugin fixed, the same command continues from step 4 and finishes.
+    again = run_sexpgpu("run", "flaky.sx", *RUN, "--resume", "latest", env=sound, cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert "Traceback" not in again.stderr
+    st = status(run_dir)
+    assert st["state"] == "finished" and st["step"] == 6, st
+    assert "error" not in st or st["error"] in (None, ""), st
+    assert sorted(losses(run_dir)) == [1, 2, 3, 4, 5, 6]
+    assert step_dirs(tmp_path / "ckpt") == ["step-00000002", "step-00000004", "step-00000006"]
+    assert_same_tensors(tmp_path / "ckpt" / "step-00000006", tmp_path / "ref" / "step-00000006")

@@ -1,0 +1,115 @@
+"""A location a run cannot use stops it before its first step, in one line with its code,
+and leaves nothing under the prefix: missing credentials, access denied, no bucket."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.helpers import events, experiments, run_sexpgpu, status
+from tests.e2e_storage.buckets import Bucket, s3_admin_client, said
+from tests.servers import new_bucket_name, start_moto, unique_prefix
+
+RUN = ["run", "examples/my-run.sx", "--metrics-dir", "m", "--resume", "latest"]
+
+
+def assert_refused_before_step_one(done, workdir: Path, code: str) -> str:
+    """Exit 1, one line with ``code``, and no step taken; returns the line."""
+    assert done.returncode == 1, done.stderr
+    (line,) = said(done.stderr)
+    assert line.startswith(f"sexpgpu run: {code}: "), line
+    for run_dir in experiments(workdir / "m"):
+        assert not [e for e in events(run_dir) if e.get("name") == "loss"]
+        if (run_dir / "status.json").exists():
+            st = status(run_dir)
+            assert st["step"] == 0 and st["state"] != "running", st
+    return line
+
+
+def test_no_s3_credentials(s3: Bucket, workdir: Path):
+    prefix = unique_prefix()
+    env = s3.env()
+    del env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"]
+    done = run_sexpgpu(*RUN, "--checkpoint-dir", s3.uri(prefix), cwd=workdir, env=env)
+    line = assert_refused_before_step_one(done, workdir, "E-STORAGE-001")
+    assert s3.uri(prefix) in line
+    assert s3.objects(prefix) == {}
+
+
+def test_no_gcs_credentials(workdir: Path, tmp_path: Path, gcs_emulator):
+    # Without the emulator, no key file where application-default credentials look,
+    # and no metadata server: nothing to authenticate with.
+    bucket = Bucket("gs", "sx-e2e-nocreds", gcs_emulator.url, tmp_path)
+    env = bucket.env(
+        GOOGLE_APPLICATION_CREDENTIALS=str(tmp_path / "missing.json"),
+        CLOUDSDK_CONFIG=str(tmp_path / "gcloud"),
+        NO_GCE_CHECK="True",
+    )
+    del env["STORAGE_EMULATOR_HOST"]
+    done = run_sexpgpu(*RUN, "--checkpoint-dir", "gs://sx-e2e-nocreds/run", cwd=workdir, env=env)
+    line = assert_refused_before_step_one(done, workdir, "E-STORAGE-001")
+    assert "gs://sx-e2e-nocreds/run" in line
+
+
+def test_no_such_bucket(bucket: Bucket, workdir: Path):
+    missing = new_bucket_name("sx-missing")
+    done = run_sexpgpu(
+        *RUN, "--checkpoint-dir", f"{bucket.scheme}://{missing}/runs/x", cwd=workdir, env=bucket.env()
+    )
+    line = assert_refused_before_step_one(done, workdir, "E-STORAGE-003")
+    assert missing in line
+
+
+# ------------------------------------------------------------ IAM enforced by moto
+
+
+@pytest.fixture(scope="module")
+def iam_moto(tmp_path_factory):
+    """A moto server enforcing IAM after its 6 set-up calls, with a user ``reader`` that
+    may only list the bucket and a user ``nobody`` that may do nothing."""
+    server = start_moto(tmp_path_factory.mktemp("moto-iam"), env={"INITIAL_NO_AUTH_ACTION_COUNT": "6"})
+    try:
+        import boto3
+
+        name = new_bucket_name("sx-iam")
+        s3_admin_client(server.url).create_bucket(Bucket=name)  # 1
+        iam = boto3.client(
+            "iam",
+            endpoint_url=server.url,
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+            region_name="us-east-1",
+        )
+        users = {}
+        for user in ("reader", "nobody"):
+            iam.create_user(UserName=user)  # 2, 4
+            key = iam.create_access_key(UserName=user)["AccessKey"]  # 3, 5
+            users[user] = (key["AccessKeyId"], key["SecretAccessKey"])
+        policy = {
+            "Version": "2012-10-17",
+            "Statement": [
+                {"Effect": "Allow", "Action": "s3:ListBucket", "Resource": f"arn:aws:s3:::{name}"}
+            ],
+        }
+        iam.put_user_policy(UserName="reader", PolicyName="list", PolicyDocument=json.dumps(policy))  # 6
+        home = tmp_path_factory.mktemp("home-iam")
+        yield {u: Bucket("s3", name, server.url, home, *users[u]) for u in users}
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize(
+    ("user", "doing"), [("reader", "writing"), ("nobody", "listing")]
+)
+def test_access_denied(iam_moto, workdir: Path, user: str, doing: str):
+    as_user = iam_moto[user]
+    prefix = unique_prefix()
+    env = as_user.env(AWS_ACCESS_KEY_ID=as_user.key, AWS_SECRET_ACCESS_KEY=as_user.secret)
+    done = run_sexpgpu(*RUN, "--checkpoint-dir", as_user.uri(prefix), cwd=workdir, env=env)
+    line = assert_refused_before_step_one(done, workdir, "E-STORAGE-002")
+    assert f"access denied {doing} {as_user.uri(prefix)}" in line
+    assert "(credentials: environment)" in line
+    assert as_user.secret not in done.stderr
+    assert iam_moto["reader"].objects(prefix) == {}  # the reader may list
