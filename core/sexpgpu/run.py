@@ -19,7 +19,14 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from sexpgpu.errors import CheckpointError, PluginError, RunError, SexpError, UsageError
+from sexpgpu.errors import (
+    CheckpointError,
+    PluginError,
+    RunError,
+    SexpError,
+    StorageError,
+    UsageError,
+)
 from sexpgpu.graph import DataDecl, Program
 from sexpgpu.log import get_logger
 from sexpgpu.signals import Interrupted, StopWatch
@@ -222,7 +229,13 @@ class Run:
         # Metrics and status: a resumed run reports into the same experiment.
         self.slug = resumed.experiment["slug"] if resumed else new_slug(_stem(options.file))
         self.run_dir = os.path.join(options.metrics_dir, self.slug)
-        os.makedirs(self.run_dir, exist_ok=True)
+        try:
+            os.makedirs(self.run_dir, exist_ok=True)
+        except OSError as exc:
+            # a user's folder (a file in the way, no permission): one line, not a traceback
+            raise RunError(
+                f"cannot use {options.metrics_dir} as the metrics folder: {exc.strerror or exc}"
+            ) from None
         self.metrics = MetricsStream(
             open_sinks(list(options.metrics_sinks), options.metrics_dir, self.slug),
             experiment=self.slug,
@@ -322,7 +335,14 @@ class Run:
             return RunOutcome(0, None, self.step)
         except SexpError as error:
             progress.close()
-            return self._failed(error.render(), error)
+            line = error.render()
+            # Name the step that failed, as for any other error in a step; the guard's
+            # message names it already, and a checkpoint write names its own step.
+            if not line.startswith("step ") and not isinstance(
+                error, (CheckpointError, StorageError)
+            ):
+                line = f"step {self.step + 1}: {line}"
+            return self._failed(line, error)
         except Exception as error:  # a bug or an op failing at run time: one line, traceback kept
             progress.close()
             line = f"{type(error).__name__}: {error}".splitlines()[0]

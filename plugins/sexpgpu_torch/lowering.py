@@ -345,9 +345,7 @@ class _Compiler:
             axis = int(attrs["axis"])
             return lambda x: torch.log_softmax(x, dim=axis)
         if op == "take":
-            if len(self._arg_type(node, 0).shape) == 2:
-                return lambda table, idx: F.embedding(idx, table)
-            return lambda table, idx: table[idx]
+            return _take(node, self._arg_type(node, 0).shape)
         if op == "layer_norm":
             eps = float(attrs.get("eps", 1e-5))
             return lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b, eps)
@@ -892,3 +890,29 @@ class TorchLowering:
                 torch.backends.cudnn.deterministic = True
         chosen = choose_kernels(program, device=device, kernels=kernels, pinned=pinned)
         return TorchTrainer(program, device=device, chosen=chosen, optimizers=optimizers)
+
+
+def _take(node: Node, table_shape: tuple[int, ...]) -> Callable[[Tensor, Tensor], Tensor]:
+    """``take``: rows of a table by index. The shape checker knows an index's type,
+    not its values, so an index beyond the table (data whose vocabulary is larger
+    than the embedding) is found here, and told as the user's error at the ``take``."""
+    rows = int(table_shape[0])
+    gather = (
+        (lambda table, idx: F.embedding(idx, table))
+        if len(table_shape) == 2
+        else (lambda table, idx: table[idx])
+    )
+
+    def take(table: Tensor, idx: Tensor) -> Tensor:
+        try:
+            return gather(table, idx)
+        except IndexError:
+            low, high = int(idx.min()), int(idx.max())
+            bad = high if high >= rows else low
+            raise RunError(
+                f"{node.pos}: take: index {bad} is outside the table's {rows} rows "
+                f"(indices here are {low}..{high}); is the data's vocabulary larger "
+                "than the table?"
+            ) from None
+
+    return take

@@ -93,7 +93,8 @@ FLAKY_SX = """\
 """
 
 # A third-party data source whose loader raises a plain Python exception when it
-# is asked for batch $FLAKY_FAIL_AT (1-based, so the batch of that step); without
+# is asked for batch $FLAKY_FAIL_AT (1-based, so the batch of that step), or a
+# sexpgpu RunError with FLAKY_KIND=sexp; without
 # the variable it is a sound source of random tokens whose position restores.
 FLAKY_PLUGIN = '''
 """A throwaway third-party data source that breaks at a chosen batch."""
@@ -101,6 +102,7 @@ import os
 
 import numpy as np
 
+from sexpgpu.errors import RunError
 from sexpgpu.extension import DataSourceInfo
 from sexpgpu.graph import TensorType
 from sexpgpu.hookspecs import hookimpl
@@ -114,6 +116,9 @@ class FlakyLoader:
     def next_batch(self):
         fail_at = int(os.environ.get("FLAKY_FAIL_AT", "0"))
         if fail_at and self.index + 1 == fail_at:
+            if os.environ.get("FLAKY_KIND") == "sexp":
+                # the way a careful plugin reports a user's problem: a SexpError
+                raise RunError(f"flaky source lost its data at batch {fail_at}")
             raise ValueError(f"flaky source broke at batch {fail_at}")
         rng = np.random.default_rng([self.seed, self.index])
         rows = rng.integers(0, self.vocab, size=(self.batch, self.seq + 1), dtype=np.int64)

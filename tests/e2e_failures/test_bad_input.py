@@ -106,9 +106,7 @@ def test_a_malformed_sx_is_one_positioned_line(tmp_path):
 def test_an_unknown_set_knob_or_bad_value_exits_2(text_run):
     line = error_line(run_sexpgpu("run", "text.sx", "--set", "nope=3", *CKPT, cwd=text_run), 2)
     assert line == "sexpgpu run: --set nope: unknown knob; knobs: path, steps, vocab", line
-    line = error_line(
-        run_sexpgpu("run", "text.sx", "--set", "steps=many", *CKPT, cwd=text_run), 2
-    )
+    line = error_line(run_sexpgpu("run", "text.sx", "--set", "steps=many", *CKPT, cwd=text_run), 2)
     assert "knob 'steps' takes an integer" in line, line
     line = error_line(run_sexpgpu("run", "text.sx", "--set", "steps", *CKPT, cwd=text_run), 2)
     assert "NAME=VALUE" in line, line
