@@ -35,13 +35,20 @@ def main() -> None:
             "--set", f"dim={args.dim}", "--set", "checkpoint-every=2", "--steps", str(args.steps),
             "--checkpoint-dir", f"{tmp}/ckpt", "--metrics-dir", f"{tmp}/m",
         ]  # fmt: skip
-        subprocess.run(command, check=True, capture_output=True, env={**os.environ, "SEXPGPU_LOG_FORMAT": "json"})
+        subprocess.run(
+            command,
+            check=True,
+            capture_output=True,
+            env={**os.environ, "SEXPGPU_LOG_FORMAT": "json"},
+        )
         (run_dir,) = Path(tmp, "m").iterdir()
         events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
         size = sum(f.stat().st_size for f in Path(tmp, "ckpt", f"step-{args.steps:08d}").iterdir())
     times = [e["time"] for e in events if e["kind"] == "point" and e["name"] == "loss"]
     step_time = statistics.median(b - a for a, b in zip(times, times[1:], strict=False))
-    checkpoints = [e for e in events if e["kind"] == "annotation" and e["text"].startswith("checkpoint")]
+    checkpoints = [
+        e for e in events if e["kind"] == "annotation" and e["text"].startswith("checkpoint")
+    ]
     print(f"checkpoint size: {size / 1e6:.1f} MB; median step {step_time * 1e3:.1f} ms")
     for c in checkpoints:
         print(

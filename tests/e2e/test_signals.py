@@ -132,7 +132,8 @@ def test_an_eval_pass_in_flight_stops_reports_nothing_and_is_run_again_by_the_re
     source = workdir / "examples" / "tiny-lm.sx"
     source.write_text(
         source.read_text().replace(
-            "(eval probe :every 50 :data train :batches 2", "(eval probe :every 5 :data train :batches 5000"
+            "(eval probe :every 50 :data train :batches 2",
+            "(eval probe :every 5 :data train :batches 5000",
         )
     )
     args = ["examples/tiny-lm.sx", "--steps", "8", "--metrics-dir", "m", "--checkpoint-dir", "ckpt"]

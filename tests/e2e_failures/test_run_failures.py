@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import re
 
-import pytest
-
 from tests.e2e.helpers import (
     assert_same_tensors,
     experiments,
