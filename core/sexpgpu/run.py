@@ -259,6 +259,7 @@ class Run:
             step=self.step,
             choices=dict(self.trainer.choices),
         )
+        self.progress = _Progress(0, enabled=False)
         self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sexpgpu-checkpoint")
         self.pending: Future | None = None
         self.pending_step: int | None = None
@@ -281,7 +282,7 @@ class Run:
         """The step loop, and how the run ends: finished, interrupted or failed."""
         program = self.program
         total = program.steps
-        progress = _Progress(total, enabled=self.options.progress)
+        progress = self.progress = _Progress(total, enabled=self.options.progress)
         try:
             if self.evals_pending:  # passes a signal stopped before they reported
                 self._evaluate(self.step, self.evals_pending)
@@ -454,6 +455,7 @@ class Run:
             step, f"checkpoint {location}", seconds=round(seconds, 6), blocked=round(blocked, 6)
         )
         self.status.update(checkpoint=location, step=self.step)
+        self.progress.clear()
         self.log.info("checkpoint", location=location, step=step, seconds=round(seconds, 3))
 
     # ---------------------------------------------------------------- endings
@@ -538,8 +540,17 @@ class _Progress:
             if tokens is not None
             else ""
         )
-        sys.stderr.write(f"\rstep {step}/{self.total}  loss {loss:.4f}{rate}  ETA {eta:,.0f}s   ")
+        # \x1b[K clears what a longer line before it left behind.
+        sys.stderr.write(
+            f"\rstep {step}/{self.total}  loss {loss:.4f}{rate}  ETA {eta:,.0f}s\x1b[K"
+        )
         sys.stderr.flush()
+
+    def clear(self) -> None:
+        """Clear the line so that a log line can take its place; the next update redraws."""
+        if self.enabled and self.first_step is not None:
+            sys.stderr.write("\r\x1b[K")
+            sys.stderr.flush()
 
     def close(self) -> None:
         if self.enabled and self.first_step is not None:
