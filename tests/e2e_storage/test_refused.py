@@ -10,7 +10,7 @@ import pytest
 
 from tests.e2e.helpers import events, experiments, run_sexpgpu, status
 from tests.e2e_storage.buckets import Bucket, s3_admin_client, said
-from tests.servers import new_bucket_name, start_moto, unique_prefix
+from tests.servers import free_port, new_bucket_name, start_moto, unique_prefix
 
 RUN = ["run", "examples/my-run.sx", "--metrics-dir", "m", "--resume", "latest"]
 
@@ -56,10 +56,22 @@ def test_no_gcs_credentials(workdir: Path, tmp_path: Path, gcs_emulator):
 def test_no_such_bucket(bucket: Bucket, workdir: Path):
     missing = new_bucket_name("sx-missing")
     done = run_sexpgpu(
-        *RUN, "--checkpoint-dir", f"{bucket.scheme}://{missing}/runs/x", cwd=workdir, env=bucket.env()
+        *RUN,
+        "--checkpoint-dir",
+        f"{bucket.scheme}://{missing}/runs/x",
+        cwd=workdir,
+        env=bucket.env(),
     )
     line = assert_refused_before_step_one(done, workdir, "E-STORAGE-003")
     assert missing in line
+
+
+def test_an_endpoint_that_does_not_answer(s3: Bucket, workdir: Path):
+    prefix = unique_prefix()
+    env = s3.env(endpoint=f"http://127.0.0.1:{free_port()}", SEXPGPU_S3_MAX_ATTEMPTS="2")
+    done = run_sexpgpu(*RUN, "--checkpoint-dir", s3.uri(prefix), cwd=workdir, env=env)
+    line = assert_refused_before_step_one(done, workdir, "E-STORAGE-004")
+    assert f"listing {s3.uri(prefix)} failed after 2 attempts" in line
 
 
 # ------------------------------------------------------------ IAM enforced by moto
@@ -69,7 +81,9 @@ def test_no_such_bucket(bucket: Bucket, workdir: Path):
 def iam_moto(tmp_path_factory):
     """A moto server enforcing IAM after its 6 set-up calls, with a user ``reader`` that
     may only list the bucket and a user ``nobody`` that may do nothing."""
-    server = start_moto(tmp_path_factory.mktemp("moto-iam"), env={"INITIAL_NO_AUTH_ACTION_COUNT": "6"})
+    server = start_moto(
+        tmp_path_factory.mktemp("moto-iam"), env={"INITIAL_NO_AUTH_ACTION_COUNT": "6"}
+    )
     try:
         import boto3
 
@@ -93,16 +107,16 @@ def iam_moto(tmp_path_factory):
                 {"Effect": "Allow", "Action": "s3:ListBucket", "Resource": f"arn:aws:s3:::{name}"}
             ],
         }
-        iam.put_user_policy(UserName="reader", PolicyName="list", PolicyDocument=json.dumps(policy))  # 6
+        iam.put_user_policy(
+            UserName="reader", PolicyName="list", PolicyDocument=json.dumps(policy)
+        )  # 6
         home = tmp_path_factory.mktemp("home-iam")
         yield {u: Bucket("s3", name, server.url, home, *users[u]) for u in users}
     finally:
         server.stop()
 
 
-@pytest.mark.parametrize(
-    ("user", "doing"), [("reader", "writing"), ("nobody", "listing")]
-)
+@pytest.mark.parametrize(("user", "doing"), [("reader", "writing"), ("nobody", "listing")])
 def test_access_denied(iam_moto, workdir: Path, user: str, doing: str):
     as_user = iam_moto[user]
     prefix = unique_prefix()

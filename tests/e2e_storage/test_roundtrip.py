@@ -97,7 +97,9 @@ def test_resume_latest_continues_to_the_bit(reference: Reference, workdir: Path)
     first = run_sexpgpu(*args, "--steps", "2", cwd=workdir, env=bucket.env())
     assert first.returncode == 0, first.stderr
     assert bucket.complete_steps(prefix) == ["step-00000002"]
-    second = run_sexpgpu(*args, cwd=workdir, env=bucket.env())
+    # The second launch names its location and --resume through the environment.
+    env = bucket.env(SEXPGPU_CHECKPOINT_DIR=uri, SEXPGPU_RESUME="latest")
+    second = run_sexpgpu(*RUN, "--metrics-dir", "m", cwd=workdir, env=env)
     assert second.returncode == 0, second.stderr
 
     assert bucket.complete_steps(prefix) == ["step-00000002", "step-00000004"]
@@ -132,9 +134,7 @@ def test_resume_from_a_named_step_in_a_bucket(reference: Reference, workdir: Pat
     # The named checkpoint is only read: its objects are as they were.
     assert bucket.complete_steps(reference.prefix) == ["step-00000002", "step-00000004"]
     (run_dir,) = experiments(workdir / "m")
-    assert f"resumed from {reference.uri}/step-00000002" in [
-        e.get("text") for e in events(run_dir)
-    ]
+    assert f"resumed from {reference.uri}/step-00000002" in [e.get("text") for e in events(run_dir)]
 
 
 def test_resume_from_a_step_that_is_not_there_is_one_line(reference: Reference, workdir):
@@ -153,9 +153,9 @@ def test_resume_from_a_step_that_is_not_there_is_one_line(reference: Reference, 
         env=bucket.env(),
     )
     assert done.returncode == 1
-    assert said(done.stderr) == [
-        f"sexpgpu run: E-CKPT-001: there is no checkpoint at {missing}"
-    ], done.stderr
+    assert said(done.stderr) == [f"sexpgpu run: E-CKPT-001: there is no checkpoint at {missing}"], (
+        done.stderr
+    )
     assert bucket.objects(prefix) == {}
 
 
@@ -166,7 +166,11 @@ def test_sexpgpu_checkpoint_describes_one_in_a_bucket(reference: Reference):
     )
     assert (done.returncode, done.stderr) == (0, "")
     lines = done.stdout.splitlines()
-    assert lines[:3] == [f"checkpoint {reference.uri}/step-00000004", "step       4", "sexpgpu    0.1.0"]
+    assert lines[:3] == [
+        f"checkpoint {reference.uri}/step-00000004",
+        "step       4",
+        "sexpgpu    0.1.0",
+    ]
     assert "params.safetensors  3 tensors" in lines
     assert re.search(r"^  model\.noise +F32 +\[32\] +frozen", done.stdout, flags=re.M)
     assert re.search(r"^  model\.embed +F32 +\[32, 8\]", done.stdout, flags=re.M)
@@ -174,7 +178,10 @@ def test_sexpgpu_checkpoint_describes_one_in_a_bucket(reference: Reference):
 
 def test_a_checkpoint_prefix_without_experiment_json_is_not_one(reference: Reference):
     done = run_sexpgpu(
-        "checkpoint", f"{reference.uri}/step-00000003", cwd=reference.root, env=reference.bucket.env()
+        "checkpoint",
+        f"{reference.uri}/step-00000003",
+        cwd=reference.root,
+        env=reference.bucket.env(),
     )
     assert done.returncode == 1
     (line,) = said(done.stderr)
@@ -191,7 +198,13 @@ def test_the_spec_bucket_snippet_loads_params_a_run_wrote(s3: Bucket, workdir: P
     s3_admin_client(s3.endpoint).create_bucket(Bucket=name)
     mine = Bucket("s3", name, s3.endpoint, s3.home)
     done = run_sexpgpu(
-        *RUN, "--metrics-dir", "m", "--checkpoint-dir", mine.uri("runs/my-run"), cwd=workdir, env=mine.env()
+        *RUN,
+        "--metrics-dir",
+        "m",
+        "--checkpoint-dir",
+        mine.uri("runs/my-run"),
+        cwd=workdir,
+        env=mine.env(),
     )
     assert done.returncode == 0, done.stderr
 
