@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 
 from sexpgpu.errors import StorageError
@@ -33,3 +34,32 @@ def open_location(uri: str) -> Storage:
         lambda info: scheme in info.schemes,
     )
     return backend.factory(uri)
+
+
+def split_bucket_uri(uri: str, scheme: str) -> tuple[str, str]:
+    """(bucket, prefix without slashes at either end) of a ``<scheme>://bucket/prefix``
+    location; for storage backends of bucket stores."""
+    marker = f"{scheme}://"
+    rest = uri[len(marker) :] if uri.lower().startswith(marker) else uri
+    bucket, _, prefix = rest.partition("/")
+    if not bucket:
+        article = "an" if scheme[0] in "aeiosx" else "a"
+        raise StorageError(
+            f"{uri}: {article} {marker} location needs a bucket ({marker}bucket/prefix)"
+        )
+    return bucket, prefix.strip("/")
+
+
+def int_setting(name: str, default: int, minimum: int) -> int:
+    """An integer tuning setting from the environment variable ``name`` (``default``
+    when unset); a value that is not an integer, or below ``minimum``, is an error."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise StorageError(f"{name} must be an integer, not {raw!r}") from None
+    if value < minimum:
+        raise StorageError(f"{name} must be at least {minimum}, not {value}")
+    return value

@@ -26,6 +26,7 @@ from google.cloud.storage.retry import DEFAULT_RETRY
 
 from sexpgpu.errors import StorageError
 from sexpgpu.extension import ObjectIdentity
+from sexpgpu.storage import int_setting, split_bucket_uri
 
 NO_CREDENTIALS = "E-STORAGE-001"
 ACCESS_DENIED = "E-STORAGE-002"
@@ -42,26 +43,9 @@ _CHUNK_UNIT = 256 * 1024  # resumable chunks must be multiples of 256 KiB
 RESUMABLE_ABOVE = 8 * MIB  # larger objects go up as resumable uploads, as gsutil does
 
 
-def _int_env(name: str, default: int, minimum: int) -> int:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise StorageError(f"{name} must be an integer, not {raw!r}") from None
-    if value < minimum:
-        raise StorageError(f"{name} must be at least {minimum}, not {value}")
-    return value
-
-
 def split_uri(uri: str) -> tuple[str, str]:
     """(bucket, prefix without slashes at either end) of a ``gs://`` URI."""
-    rest = uri[len("gs://") :] if uri.lower().startswith("gs://") else uri
-    bucket, _, prefix = rest.partition("/")
-    if not bucket:
-        raise StorageError(f"{uri}: a gs:// location needs a bucket (gs://bucket/prefix)")
-    return bucket, prefix.strip("/")
+    return split_bucket_uri(uri, "gs")
 
 
 class GcsStorage:
@@ -74,8 +58,8 @@ class GcsStorage:
         )
         # Resumable uploads go in chunks of this size: fewer, larger requests are
         # faster, and a failed chunk is all that is sent again.
-        self.chunk_size = _int_env("SEXPGPU_GCS_CHUNK_SIZE_MB", 100, 1) * MIB
-        self.concurrency = _int_env("SEXPGPU_GCS_CONCURRENCY", 8, 1)
+        self.chunk_size = int_setting("SEXPGPU_GCS_CHUNK_SIZE_MB", 100, 1) * MIB
+        self.concurrency = int_setting("SEXPGPU_GCS_CONCURRENCY", 8, 1)
         self._lock = threading.Lock()
         self._client: Any = None
         self._source = "not yet resolved"

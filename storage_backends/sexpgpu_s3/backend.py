@@ -21,6 +21,7 @@ from botocore.config import Config
 
 from sexpgpu.errors import StorageError
 from sexpgpu.extension import ObjectIdentity
+from sexpgpu.storage import int_setting, split_bucket_uri
 
 NO_CREDENTIALS = "E-STORAGE-001"
 ACCESS_DENIED = "E-STORAGE-002"
@@ -56,26 +57,9 @@ _METHODS = {
 }
 
 
-def _int_env(name: str, default: int, minimum: int) -> int:
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise StorageError(f"{name} must be an integer, not {raw!r}") from None
-    if value < minimum:
-        raise StorageError(f"{name} must be at least {minimum}, not {value}")
-    return value
-
-
 def split_uri(uri: str) -> tuple[str, str]:
-    """(bucket, prefix without slashes at either end) of an ``s3://`` URI."""
-    rest = uri[len("s3://") :] if uri.lower().startswith("s3://") else uri
-    bucket, _, prefix = rest.partition("/")
-    if not bucket:
-        raise StorageError(f"{uri}: an s3:// location needs a bucket (s3://bucket/prefix)")
-    return bucket, prefix.strip("/")
+    """(bucket, prefix without slashes at either end) of a ``s3://`` URI."""
+    return split_bucket_uri(uri, "s3")
 
 
 class S3Storage:
@@ -85,9 +69,9 @@ class S3Storage:
         self.bucket, self.prefix = split_uri(uri)
         self.uri = f"s3://{self.bucket}/{self.prefix}" if self.prefix else f"s3://{self.bucket}"
         self.profile = os.environ.get("SEXPGPU_CHECKPOINT_PROFILE", "").strip() or None
-        self.part_size = _int_env("SEXPGPU_S3_PART_SIZE_MB", 8, 5) * MIB
-        self.concurrency = _int_env("SEXPGPU_S3_CONCURRENCY", 10, 1)
-        self.max_attempts = _int_env("SEXPGPU_S3_MAX_ATTEMPTS", 5, 1)
+        self.part_size = int_setting("SEXPGPU_S3_PART_SIZE_MB", 8, 5) * MIB
+        self.concurrency = int_setting("SEXPGPU_S3_CONCURRENCY", 10, 1)
+        self.max_attempts = int_setting("SEXPGPU_S3_MAX_ATTEMPTS", 5, 1)
         self._lock = threading.RLock()
         self._session: Any = None
         self._client: Any = None
