@@ -8,6 +8,17 @@ import re
 from sexpgpu.errors import StorageError
 from sexpgpu.extension import Storage, StorageBackendInfo
 
+# The codes every storage backend raises its StorageErrors with (docs/errors.md).
+NO_CREDENTIALS = "E-STORAGE-001"
+ACCESS_DENIED = "E-STORAGE-002"
+NO_SUCH_LOCATION = "E-STORAGE-003"
+CANNOT_LIST = "E-STORAGE-004"
+WRITE_FAILED = "E-STORAGE-005"
+READ_FAILED = "E-STORAGE-006"
+
+PROBE_PREFIX = ".sexpgpu-probe-"
+"""Names of the objects ``check_writable`` writes and deletes; never listed as children."""
+
 _SCHEME = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
 
 

@@ -13,18 +13,18 @@ from urllib.parse import unquote, urlparse
 
 from sexpgpu.errors import StorageError
 from sexpgpu.extension import ObjectIdentity
-
-NO_CREDENTIALS = "E-STORAGE-001"
-ACCESS_DENIED = "E-STORAGE-002"
-NO_SUCH_LOCATION = "E-STORAGE-003"
-CANNOT_LIST = "E-STORAGE-004"
-WRITE_FAILED = "E-STORAGE-005"
-READ_FAILED = "E-STORAGE-006"
+from sexpgpu.storage import (
+    ACCESS_DENIED,
+    CANNOT_LIST,
+    NO_SUCH_LOCATION,
+    PROBE_PREFIX,
+    READ_FAILED,
+    WRITE_FAILED,
+)
 
 TEMP_PREFIX = ".sexpgpu-tmp-"
 """Names of files being written; never listed, so a cut-off write is invisible."""
 
-PROBE_PREFIX = ".sexpgpu-probe-"
 
 _MAX_WORKERS = 8
 _HASH_CHUNK = 4 << 20

@@ -21,16 +21,17 @@ from botocore.config import Config
 
 from sexpgpu.errors import StorageError
 from sexpgpu.extension import ObjectIdentity
-from sexpgpu.storage import int_setting, split_bucket_uri
-
-NO_CREDENTIALS = "E-STORAGE-001"
-ACCESS_DENIED = "E-STORAGE-002"
-NO_SUCH_LOCATION = "E-STORAGE-003"
-CANNOT_LIST = "E-STORAGE-004"
-WRITE_FAILED = "E-STORAGE-005"
-READ_FAILED = "E-STORAGE-006"
-
-PROBE_PREFIX = ".sexpgpu-probe-"
+from sexpgpu.storage import (
+    ACCESS_DENIED,
+    CANNOT_LIST,
+    NO_CREDENTIALS,
+    NO_SUCH_LOCATION,
+    PROBE_PREFIX,
+    READ_FAILED,
+    WRITE_FAILED,
+    int_setting,
+    split_bucket_uri,
+)
 
 MIB = 1 << 20
 MIN_PART = 5 * MIB  # S3's smallest part but the last
