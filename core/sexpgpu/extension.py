@@ -109,8 +109,8 @@ class KernelInfo:
     ``kind`` is the site kind (``attention``, ``stack``, ``conv2d``...); ``name``
     is recorded as the choice (``math``, ``sdpa``, ``unrolled``). ``lowering``
     names the lowering that can call it and ``devices`` where it runs.
-    Among the deterministic kernels that fit, the highest ``priority`` wins,
-    then the name in alphabetical order. ``factory`` returns the callable the
+    Among the kernels that fit (deterministic ones only, unless the run asks
+    otherwise), the highest ``priority`` wins, then the name in alphabetical order. ``factory`` returns the callable the
     lowering invokes; its signature is fixed per kind by that lowering.
     """
 

@@ -65,11 +65,13 @@ def run(options: RunOptions) -> RunOutcome:
     watch = StopWatch()
     watch.install()
     try:
+        active = Run()
         try:
-            active = Run.set_up(options, watch)
+            active.set_up(options, watch)
         except Interrupted as stop:
-            name = stop.args[0]
-            return RunOutcome(128 + stop.signum, f"interrupted by {name} at step 0", 0)
+            # Nothing to save yet: the step is the one the run would have started from.
+            step = getattr(active, "step", 0)
+            return RunOutcome(128 + stop.signum, f"interrupted by {stop.args[0]} at step {step}", step)
         return active.train()
     finally:
         watch.uninstall()
@@ -130,8 +132,7 @@ class Run:
 
     # ------------------------------------------------------------------ setup
 
-    @classmethod
-    def set_up(cls, options: RunOptions, watch: StopWatch) -> Run:
+    def set_up(self, options: RunOptions, watch: StopWatch) -> None:
         """Compile, check the checkpoint location, read the checkpoint to resume,
         lower and open data and metrics. Raises a SexpError for anything wrong."""
         from sexpgpu import checkpoint as ckpt
@@ -140,7 +141,6 @@ class Run:
         from sexpgpu.status import StatusFile
         from sexpgpu.storage import open_location
 
-        self = cls()
         self.options = options
         self.watch = watch
         # The checkpoint location is proved listable and writable before anything
@@ -264,7 +264,6 @@ class Run:
         self.pending: Future | None = None
         self.pending_step: int | None = None
         self.written_step: int | None = self.step if resumed else None
-        return self
 
     def _open_stage_loader(self, stage: int) -> None:
         decl = self.program.stages[stage].data
