@@ -29,6 +29,7 @@ from sexpgpu.errors import (
 )
 from sexpgpu.graph import DataDecl, Program
 from sexpgpu.log import get_logger
+from sexpgpu.schedule import lr_at
 from sexpgpu.signals import Interrupted, StopWatch
 
 DEFAULT_METRICS_DIR = "./sexpgpu-runs"
@@ -71,7 +72,9 @@ def run(options: RunOptions) -> RunOutcome:
         except Interrupted as stop:
             # Nothing to save yet: the step is the one the run would have started from.
             step = getattr(active, "step", 0)
-            return RunOutcome(128 + stop.signum, f"interrupted by {stop.args[0]} at step {step}", step)
+            return RunOutcome(
+                128 + stop.signum, f"interrupted by {stop.args[0]} at step {step}", step
+            )
         return active.train()
     finally:
         watch.uninstall()
@@ -293,8 +296,6 @@ class Run:
                 if stage != self.loader_stage:
                     self._open_stage_loader(stage)
                 batch = self.loader.next_batch()
-                from sexpgpu.schedule import lr_at
-
                 lr = lr_at(
                     program.stages[stage].optimizer, step_in_stage, program.stages[stage].steps
                 )
