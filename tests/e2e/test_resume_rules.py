@@ -7,6 +7,8 @@ import os
 import textwrap
 from pathlib import Path
 
+from tests.foundation.pluginkit import make_plugin
+
 from .helpers import events, experiments, run_sexpgpu, sexpgpu_env, step_dirs
 
 RUN = ["run", "examples/my-run.sx", "--checkpoint-dir", "ckpt", "--metrics-dir", "m"]
@@ -110,14 +112,12 @@ def sexpgpu_kernels():
 
 
 def _kernel_plugin(root: Path) -> Path:
-    site = root / "site"
-    (site / "thirdparty_attn").mkdir(parents=True)
-    (site / "thirdparty_attn" / "__init__.py").write_text(textwrap.dedent(KERNEL_PLUGIN))
-    info = site / "thirdparty_attn-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: thirdparty-attn\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text("[sexpgpu]\nthirdparty-attn = thirdparty_attn\n")
-    return site
+    return make_plugin(
+        root / "site",
+        "thirdparty-attn",
+        {"thirdparty_attn": KERNEL_PLUGIN},
+        {"thirdparty-attn": "thirdparty_attn"},
+    )
 
 
 def test_a_recorded_choice_is_pinned_and_refused_when_it_cannot_be_taken(workdir):

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 import subprocess
-import textwrap
 from pathlib import Path
 
 from tests.e2e.helpers import events, experiments, status
+from tests.foundation.pluginkit import make_plugin
 
 # Bytes as tokens through a two-matrix model. The knob `vocab` sizes the embedding
 # table, so a table smaller than the 256 byte values makes `take` fail at run time.
@@ -146,14 +146,12 @@ def sexpgpu_data_sources():
 def flaky_plugin(root: Path) -> Path:
     """Install the `flaky` plugin into ``root/site`` as pip would; returns the folder
     to put on PYTHONPATH."""
-    site = root / "site"
-    (site / "flaky_source").mkdir(parents=True)
-    (site / "flaky_source" / "__init__.py").write_text(textwrap.dedent(FLAKY_PLUGIN))
-    info = site / "flaky_source-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: flaky-source\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text("[sexpgpu]\nflaky-source = flaky_source\n")
-    return site
+    return make_plugin(
+        root / "site",
+        "flaky-source",
+        {"flaky_source": FLAKY_PLUGIN},
+        {"flaky-source": "flaky_source"},
+    )
 
 
 def _is_log_line(line: str) -> bool:

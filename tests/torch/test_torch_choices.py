@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +14,7 @@ from sexpgpu.graph import TensorType
 from sexpgpu.plugins import get_plugins, reset_plugins
 from sexpgpu_torch import kernels as K
 from sexpgpu_torch.lowering import choose_kernels
+from tests.foundation.pluginkit import make_plugin
 
 ATTN = "attention:model.attn"
 CONV = "conv2d:model.conv"
@@ -146,13 +146,7 @@ def sexpgpu_kernels():
 
 @pytest.fixture
 def third_party(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    site_dir = tmp_path / "site"
-    (site_dir / "myplug").mkdir(parents=True)
-    (site_dir / "myplug" / "__init__.py").write_text(textwrap.dedent(PLUGIN))
-    dist = site_dir / "myplug-0.1.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: myplug\nVersion: 0.1\n")
-    (dist / "entry_points.txt").write_text("[sexpgpu]\nmyplug = myplug\n")
+    site_dir = make_plugin(tmp_path / "site", "myplug", {"myplug": PLUGIN}, {"myplug": "myplug"})
     monkeypatch.syspath_prepend(str(site_dir))
     reset_plugins()
     yield
