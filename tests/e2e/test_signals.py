@@ -21,7 +21,7 @@ from .helpers import (
     wait_for_step,
 )
 
-STEPS = "60"
+STEPS = "200"
 ARGS = ["examples/tiny-lm.sx", "--steps", STEPS, "--metrics-dir", "m", "--checkpoint-dir", "ckpt"]
 
 
@@ -155,3 +155,38 @@ def test_an_eval_pass_in_flight_stops_reports_nothing_and_is_run_again_by_the_re
     assert resumed.returncode == 0, resumed.stderr
     probe = [e for e in events(run_dir) if e.get("name", "").startswith("probe/")]
     assert {e["step"] for e in probe} == {5}
+
+
+@pytest.mark.slow
+def test_a_signal_while_checkpoints_are_being_written_leaves_only_complete_ones(workdir):
+    # A wider model with a checkpoint every step: a background write is nearly
+    # always in flight when the signal lands.
+    wide = [
+        "examples/tiny-lm.sx", "--steps", "40", "--set", "dim=256", "--set", "checkpoint-every=1",
+    ]  # fmt: skip
+    whole = run_sexpgpu(
+        "run", *wide, "--metrics-dir", "m-whole", "--checkpoint-dir", "whole", cwd=workdir
+    )
+    assert whole.returncode == 0, whole.stderr
+
+    wide += ["--metrics-dir", "m"]
+    proc = start_sexpgpu(
+        "run", *wide, "--checkpoint-dir", "ckpt", "--resume", "latest", cwd=workdir
+    )
+    wait_for_step(workdir / "m", 3, proc)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    for name in step_dirs(workdir / "ckpt"):
+        files = sorted(p.name for p in (workdir / "ckpt" / name).iterdir())
+        assert files == [
+            "experiment.json",
+            "params.safetensors",
+            "state.json",
+            "states.safetensors",
+        ]
+    resumed = run_sexpgpu(
+        "run", *wide, "--checkpoint-dir", "ckpt", "--resume", "latest", cwd=workdir
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    assert_same_tensors(workdir / "whole" / "step-00000040", workdir / "ckpt" / "step-00000040")
