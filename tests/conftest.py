@@ -12,3 +12,14 @@ import os
 
 os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
 os.environ.setdefault("NO_GCE_CHECK", "True")
+
+# Property tests explore new cases on every developer run; in CI (CI=true) they
+# take the same cases every time, so a landing never fails on a case nobody saw.
+try:
+    from hypothesis import settings
+
+    settings.register_profile("ci", derandomize=True)
+    if os.environ.get("CI"):
+        settings.load_profile("ci")
+except ImportError:  # the dev extra is not installed
+    pass

@@ -296,3 +296,11 @@ def test_every_user_error_is_a_sexp_error():
     ]:
         with pytest.raises(SexpError):
             compile_text(text, "t.sx")
+
+
+def test_a_quoted_string_with_a_newline_keeps_the_error_on_one_line():
+    # Found by the fuzz test: a string at top level, quoted back in the message.
+    with pytest.raises(SourceError) as caught:
+        compile_text('(defknob dim 2)\n" \n "', "fuzz.sx")
+    assert "\n" not in str(caught.value)
+    assert str(caught.value).endswith('got " \\n "')

@@ -185,7 +185,10 @@ def show(node: Node | Any) -> str:
         if isinstance(v, bool):
             return "true" if v else "false"
         if isinstance(v, str):
-            return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+            # Written back with escapes, so a message quoting it stays on one line.
+            escaped = v.replace("\\", "\\\\").replace('"', '\\"')
+            escaped = escaped.replace("\n", "\\n").replace("\t", "\\t").replace("\r", "\\r")
+            return '"' + escaped + '"'
         return repr(v)
     if isinstance(node, SList):
         return "(" + " ".join(show(x) for x in node.items) + ")"
