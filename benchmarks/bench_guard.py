@@ -14,28 +14,18 @@ import time
 from pathlib import Path
 
 from sexpgpu.lang import compile_file
-from sexpgpu.plugins import get_plugins
+from sexpgpu.run import lower_program, open_data
 from sexpgpu.schedule import lr_at
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "tiny-lm.sx"
 
 
 def build():
-    plugins = get_plugins()
     program = compile_file(str(EXAMPLE))
-    lowering = plugins.require("sexpgpu_lowerings", "cpu", lambda i: "cpu" in i.devices).factory()
-    optimizers = {o.name: o for o in plugins.available("sexpgpu_optimizers")}
-    trainer = lowering.lower(
-        program,
-        device="cpu",
-        kernels=plugins.available("sexpgpu_kernels"),
-        optimizers=optimizers,
-        pinned=None,
-    )
+    trainer = lower_program(program, device="cpu")
     trainer.init_params()
     stage = program.stages[0]
-    source = plugins.require("sexpgpu_data_sources", "data", lambda i: i.name == stage.data.source)
-    loader = source.factory(stage.data.options, stage.data.seq, stage.data.batch, program.run.seed)
+    _, loader = open_data(stage.data, program.run.seed)
     batches = [loader.next_batch() for _ in range(8)]
     return program, trainer, batches
 

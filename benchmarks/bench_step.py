@@ -169,31 +169,22 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     from sexpgpu.lang import compile_file
-    from sexpgpu.plugins import get_plugins
+    from sexpgpu.run import lower_program, open_data
     from sexpgpu.schedule import lr_at
 
     t_import = time.perf_counter() - t0
-    plugins = get_plugins()
     t1 = time.perf_counter()
     program = compile_file(str(EXAMPLE))
     t2 = time.perf_counter()
-    lowering = next(i for i in plugins.available("sexpgpu_lowerings") if i.name == "torch")
-    trainer = lowering.factory().lower(
-        program,
-        device="cpu",
-        kernels=plugins.available("sexpgpu_kernels"),
-        optimizers={o.name: o for o in plugins.available("sexpgpu_optimizers")},
-        pinned={"attention:model.blocks.attn": args.attention},
+    trainer = lower_program(
+        program, device="cpu", pinned={"attention:model.blocks.attn": args.attention}
     )
     t3 = time.perf_counter()
     trainer.init_params()
     t4 = time.perf_counter()
 
     stage = program.stages[0]
-    source = next(
-        d for d in plugins.available("sexpgpu_data_sources") if d.name == stage.data.source
-    )
-    loader = source.factory(stage.data.options, stage.data.seq, stage.data.batch, program.run.seed)
+    _, loader = open_data(stage.data, program.run.seed)
     total = 5 + args.steps * args.rounds
     batches = [loader.next_batch() for _ in range(total)]
     lrs = [lr_at(stage.optimizer, s, total) for s in range(1, total + 1)]

@@ -27,8 +27,10 @@ from sexpgpu.errors import (
     StorageError,
     UsageError,
 )
+from sexpgpu.extension import DataLoader, DataSourceInfo, OptimizerInfo, Trainer
 from sexpgpu.graph import DataDecl, Program
 from sexpgpu.log import get_logger
+from sexpgpu.plugins import get_plugins
 from sexpgpu.schedule import lr_at
 from sexpgpu.signals import Interrupted, StopWatch
 
@@ -80,28 +82,34 @@ def run(options: RunOptions) -> RunOutcome:
         watch.uninstall()
 
 
-def _lowering_for(device: str):
-    from sexpgpu.plugins import get_plugins
-
+def lower_program(
+    program: Program, *, device: str = "cpu", pinned: Mapping[str, str] | None = None
+) -> Trainer:
+    """Lower ``program`` for ``device`` as a run does: the lowering that serves the
+    device kind, every available kernel and optimizer, ``pinned`` choices taken."""
     kind = device.split(":", 1)[0]
-    info = get_plugins().require(
+    plugins = get_plugins()
+    info = plugins.require(
         "sexpgpu_lowerings", f"the device '{device}'", lambda item: kind in item.devices
     )
-    return info.factory()
+    return info.factory().lower(
+        program,
+        device=device,
+        kernels=plugins.available("sexpgpu_kernels"),
+        optimizers=_optimizers(),
+        pinned=pinned,
+    )
 
 
-def _open_loader(decl: DataDecl, seed: int):
-    from sexpgpu.plugins import get_plugins
-
+def open_data(decl: DataDecl, seed: int) -> tuple[DataSourceInfo, DataLoader]:
+    """The data source a ``defdata`` names, and a loader opened on it from ``seed``."""
     info = get_plugins().require(
         "sexpgpu_data_sources", f"the data source '{decl.source}'", lambda i: i.name == decl.source
     )
     return info, info.factory(decl.options, decl.seq, decl.batch, seed)
 
 
-def _optimizers() -> dict[str, Any]:
-    from sexpgpu.plugins import get_plugins
-
+def _optimizers() -> dict[str, OptimizerInfo]:
     return {info.name: info for info in get_plugins().available("sexpgpu_optimizers")}
 
 
@@ -197,17 +205,7 @@ class Run:
             if not options.fresh_choices:
                 pinned = dict(resumed.experiment.get("choices", {}))
 
-        lowering = _lowering_for(options.device)
-        from sexpgpu.plugins import get_plugins
-
-        kernels = get_plugins().available("sexpgpu_kernels")
-        self.trainer = lowering.lower(
-            program,
-            device=options.device,
-            kernels=kernels,
-            optimizers=self.optimizers,
-            pinned=pinned,
-        )
+        self.trainer = lower_program(program, device=options.device, pinned=pinned)
         if resumed:
             self.trainer.restore(resumed.params, resumed.states, stage=self.stage)
             old_choices = resumed.experiment.get("choices", {})
@@ -270,7 +268,7 @@ class Run:
 
     def _open_stage_loader(self, stage: int) -> None:
         decl = self.program.stages[stage].data
-        self.loader_info, self.loader = _open_loader(decl, self.program.run.seed)
+        self.loader_info, self.loader = open_data(decl, self.program.run.seed)
         self.loader_stage = stage
         if "tokens" in self.counters and self.loader_info.tokens_field is None:
             raise UsageError(
@@ -372,7 +370,7 @@ class Run:
         self.evals_pending = list(names)
         for eval_pass in [p for p in self.program.evals if p.name in names]:
             # Eval data is its own stream, the same at every pass and on every resume.
-            _, loader = _open_loader(eval_pass.data, self.program.run.seed + 1)
+            _, loader = open_data(eval_pass.data, self.program.run.seed + 1)
             totals: dict[str, float] = {}
             for _ in range(max(1, eval_pass.batches)):
                 if self.watch.stopping:

@@ -14,6 +14,7 @@ import torch
 
 from sexpgpu.lang import compile_file
 from sexpgpu.plugins import get_plugins
+from sexpgpu.run import lower_program, open_data
 from sexpgpu.schedule import lr_at
 
 REPO = Path(__file__).resolve().parents[2]
@@ -21,21 +22,9 @@ EXAMPLES = sorted((REPO / "examples").glob("*.sx"))
 
 
 def _setup(path: Path, device: str = "cpu", pinned=None):
-    plugins = get_plugins()
     program = compile_file(str(path))
-    lowering = next(i for i in plugins.available("sexpgpu_lowerings") if i.name == "torch")
-    trainer = lowering.factory().lower(
-        program,
-        device=device,
-        kernels=plugins.available("sexpgpu_kernels"),
-        optimizers={o.name: o for o in plugins.available("sexpgpu_optimizers")},
-        pinned=pinned,
-    )
-    stage = program.stages[0]
-    source = next(
-        d for d in plugins.available("sexpgpu_data_sources") if d.name == stage.data.source
-    )
-    loader = source.factory(stage.data.options, stage.data.seq, stage.data.batch, program.run.seed)
+    trainer = lower_program(program, device=device, pinned=pinned)
+    _, loader = open_data(program.stages[0].data, program.run.seed)
     return program, trainer, loader
 
 
