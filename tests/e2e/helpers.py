@@ -103,6 +103,17 @@ def assert_same_tensors(a: Path, b: Path) -> None:
             assert ta[name][key] == tb[name][key], f"{name}:{key} differs between {a} and {b}"
 
 
+CHECKPOINT_FILES = ["experiment.json", "params.safetensors", "state.json", "states.safetensors"]
+"""The spec's four files, sorted."""
+
+
+def assert_every_checkpoint_complete(checkpoint_dir: Path) -> None:
+    """Every ``step-<n>`` folder holds exactly the four files."""
+    for name in step_dirs(checkpoint_dir):
+        files = sorted(p.name for p in (checkpoint_dir / name).iterdir())
+        assert files == CHECKPOINT_FILES, f"{name}: {files}"
+
+
 def step_dirs(checkpoint_dir: Path) -> list[str]:
     return sorted(p.name for p in checkpoint_dir.iterdir() if p.name.startswith("step-"))
 

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import json
 
-from .helpers import events, experiments, run_sexpgpu, status, step_dirs
+from .helpers import (
+    assert_every_checkpoint_complete,
+    events,
+    experiments,
+    run_sexpgpu,
+    status,
+    step_dirs,
+)
 
 
 def test_my_run_trains_and_checkpoints(workdir):
@@ -28,14 +35,7 @@ def test_my_run_trains_and_checkpoints(workdir):
     assert [a["step"] for a in annotations] == [2, 4]
     # every :checkpoint-every steps and after the last, not twice when they coincide
     assert step_dirs(workdir / "ckpt") == ["step-00000002", "step-00000004"]
-    for name in step_dirs(workdir / "ckpt"):
-        files = sorted(p.name for p in (workdir / "ckpt" / name).iterdir())
-        assert files == [
-            "experiment.json",
-            "params.safetensors",
-            "state.json",
-            "states.safetensors",
-        ]
+    assert_every_checkpoint_complete(workdir / "ckpt")
     final = json.loads((workdir / "ckpt" / "step-00000004" / "experiment.json").read_text())
     first = json.loads((workdir / "ckpt" / "step-00000002" / "experiment.json").read_text())
     assert final["finished"] is True and first["finished"] is False

@@ -11,6 +11,7 @@ import pytest
 
 from .helpers import (
     SIGNALS,
+    assert_every_checkpoint_complete,
     assert_same_tensors,
     events,
     experiments,
@@ -177,14 +178,7 @@ def test_a_signal_while_checkpoints_are_being_written_leaves_only_complete_ones(
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 143, err
-    for name in step_dirs(workdir / "ckpt"):
-        files = sorted(p.name for p in (workdir / "ckpt" / name).iterdir())
-        assert files == [
-            "experiment.json",
-            "params.safetensors",
-            "state.json",
-            "states.safetensors",
-        ]
+    assert_every_checkpoint_complete(workdir / "ckpt")
     resumed = run_sexpgpu(
         "run", *wide, "--checkpoint-dir", "ckpt", "--resume", "latest", cwd=workdir
     )
