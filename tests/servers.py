@@ -123,6 +123,48 @@ def start_moto(log_dir: Path, *, env: dict | None = None) -> Server:
     return _start("moto", argv, port, log_dir, env)
 
 
+def start_iam_moto(log_dir: Path) -> tuple[Server, str, dict[str, tuple[str, str]]]:
+    """A moto server that enforces IAM once it is set up: a bucket, and two users with
+    keys, ``reader`` (may only list the bucket) and ``nobody`` (may do nothing).
+
+    Returns (server, bucket, {user: (access key id, secret)}); the caller stops it.
+    """
+    import json
+
+    import boto3
+
+    setup_calls = 6  # counted below; moto enforces IAM from the next request on
+    server = start_moto(log_dir, env={"INITIAL_NO_AUTH_ACTION_COUNT": str(setup_calls)})
+    try:
+        bucket = new_bucket_name("sx-iam")
+        admin = {
+            "endpoint_url": server.url,
+            "aws_access_key_id": "testing",
+            "aws_secret_access_key": "testing",
+            "region_name": "us-east-1",
+        }
+        boto3.client("s3", **admin).create_bucket(Bucket=bucket)  # 1
+        iam = boto3.client("iam", **admin)
+        users = {}
+        for name in ("reader", "nobody"):
+            iam.create_user(UserName=name)  # 2, 4
+            key = iam.create_access_key(UserName=name)["AccessKey"]  # 3, 5
+            users[name] = (key["AccessKeyId"], key["SecretAccessKey"])
+        policy = {
+            "Version": "2012-10-17",
+            "Statement": [
+                {"Effect": "Allow", "Action": "s3:ListBucket", "Resource": f"arn:aws:s3:::{bucket}"}
+            ],
+        }
+        iam.put_user_policy(  # 6
+            UserName="reader", PolicyName="list", PolicyDocument=json.dumps(policy)
+        )
+    except BaseException:
+        server.stop()
+        raise
+    return server, bucket, users
+
+
 def start_gcs_emulator(log_dir: Path) -> Server:
     """gcp-storage-emulator, in memory, on a free loopback port."""
     port = free_port()

@@ -3,14 +3,13 @@ and leaves nothing under the prefix: missing credentials, access denied, no buck
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
 from tests.e2e.helpers import events, experiments, run_sexpgpu, status
-from tests.e2e_storage.buckets import Bucket, s3_admin_client, said
-from tests.servers import free_port, new_bucket_name, start_moto, unique_prefix
+from tests.e2e_storage.buckets import Bucket, said
+from tests.servers import free_port, new_bucket_name, start_iam_moto, unique_prefix
 
 RUN = ["run", "examples/my-run.sx", "--metrics-dir", "m", "--resume", "latest"]
 
@@ -79,41 +78,11 @@ def test_an_endpoint_that_does_not_answer(s3: Bucket, workdir: Path):
 
 @pytest.fixture(scope="module")
 def iam_moto(tmp_path_factory):
-    """A moto server enforcing IAM after its 6 set-up calls, with a user ``reader`` that
-    may only list the bucket and a user ``nobody`` that may do nothing."""
-    server = start_moto(
-        tmp_path_factory.mktemp("moto-iam"), env={"INITIAL_NO_AUTH_ACTION_COUNT": "6"}
-    )
-    try:
-        import boto3
-
-        name = new_bucket_name("sx-iam")
-        s3_admin_client(server.url).create_bucket(Bucket=name)  # 1
-        iam = boto3.client(
-            "iam",
-            endpoint_url=server.url,
-            aws_access_key_id="testing",
-            aws_secret_access_key="testing",
-            region_name="us-east-1",
-        )
-        users = {}
-        for user in ("reader", "nobody"):
-            iam.create_user(UserName=user)  # 2, 4
-            key = iam.create_access_key(UserName=user)["AccessKey"]  # 3, 5
-            users[user] = (key["AccessKeyId"], key["SecretAccessKey"])
-        policy = {
-            "Version": "2012-10-17",
-            "Statement": [
-                {"Effect": "Allow", "Action": "s3:ListBucket", "Resource": f"arn:aws:s3:::{name}"}
-            ],
-        }
-        iam.put_user_policy(
-            UserName="reader", PolicyName="list", PolicyDocument=json.dumps(policy)
-        )  # 6
-        home = tmp_path_factory.mktemp("home-iam")
-        yield {u: Bucket("s3", name, server.url, home, *users[u]) for u in users}
-    finally:
-        server.stop()
+    """moto enforcing IAM (tests.servers.start_iam_moto), as a Bucket per user."""
+    server, name, users = start_iam_moto(tmp_path_factory.mktemp("moto-iam"))
+    home = tmp_path_factory.mktemp("home-iam")
+    yield {u: Bucket("s3", name, server.url, home, *users[u]) for u in users}
+    server.stop()
 
 
 @pytest.mark.parametrize(("user", "doing"), [("reader", "writing"), ("nobody", "listing")])

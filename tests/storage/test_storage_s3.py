@@ -16,9 +16,8 @@ from sexpgpu_s3.backend import S3Storage
 from tests.servers import (
     CountingProxy,
     free_port,
-    new_bucket_name,
     point_s3_at,
-    start_moto,
+    start_iam_moto,
     unique_prefix,
 )
 
@@ -164,40 +163,10 @@ def test_unreachable_endpoint_fails_after_retries(moto_s3, monkeypatch, tmp_path
 
 @pytest.fixture(scope="module")
 def iam_moto(tmp_path_factory):
-    """A moto server that enforces IAM after the setup calls below, with two users:
-    ``reader`` may only list the bucket, ``nobody`` may do nothing."""
-    setup_calls = 6
-    server = start_moto(
-        tmp_path_factory.mktemp("moto-iam"),
-        env={"INITIAL_NO_AUTH_ACTION_COUNT": str(setup_calls)},
-    )
-    try:
-        bucket = new_bucket_name("sx-iam")
-        _raw_client(server.url).create_bucket(Bucket=bucket)  # 1
-        iam = boto3.client(
-            "iam",
-            endpoint_url=server.url,
-            aws_access_key_id="testing",
-            aws_secret_access_key="testing",
-            region_name="us-east-1",
-        )
-        users = {}
-        for name in ("reader", "nobody"):
-            iam.create_user(UserName=name)  # 2, 4
-            key = iam.create_access_key(UserName=name)["AccessKey"]  # 3, 5
-            users[name] = (key["AccessKeyId"], key["SecretAccessKey"])
-        policy = {
-            "Version": "2012-10-17",
-            "Statement": [
-                {"Effect": "Allow", "Action": "s3:ListBucket", "Resource": f"arn:aws:s3:::{bucket}"}
-            ],
-        }
-        iam.put_user_policy(  # 6
-            UserName="reader", PolicyName="list", PolicyDocument=json.dumps(policy)
-        )
-        yield server, bucket, users
-    finally:
-        server.stop()
+    """moto enforcing IAM: see tests.servers.start_iam_moto."""
+    server, bucket, users = start_iam_moto(tmp_path_factory.mktemp("moto-iam"))
+    yield server, bucket, users
+    server.stop()
 
 
 def _as_user(monkeypatch, tmp_path, server, user):
