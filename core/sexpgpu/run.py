@@ -132,7 +132,7 @@ def _stage_of(program: Program, step: int) -> tuple[int, int]:
         if step <= start + stage.steps:
             return index, step - start
         start += stage.steps
-    return len(program.stages) - 1, step - (start - program.stages[-1].steps)
+    raise ValueError(f"step {step} is past the program's {program.steps} steps")
 
 
 class Run:

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import time
 from pathlib import Path
@@ -69,8 +68,6 @@ def test_light_commands_import_nothing_heavy(argv: list[str], tmp_path: Path) ->
 
 
 def test_checkpoint_help_imports_nothing_heavy(tmp_path: Path) -> None:
-    if importlib.util.find_spec("sexpgpu_cli.commands.checkpoint") is None:
-        pytest.skip("the checkpoint command is not written yet")
     modules, wall = imported_by(["checkpoint", "--help"], tmp_path)
     print(f"sexpgpu checkpoint --help: {wall * 1000:.0f} ms wall")
     assert heavy(modules) == []

@@ -95,8 +95,6 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     base = tmp_path_factory.mktemp("wheel")
     source = base / "src"
     shutil.copytree(REPO, source, ignore=NOT_SOURCES)
-    if not (source / PRELUDE).exists():  # until the prelude is written, prove the rule ships one
-        (source / PRELUDE).write_text("; placeholder prelude for the packaging test\n")
     out = base / "out"
     subprocess.run(
         [

@@ -43,8 +43,6 @@ def _steps(program, trainer, loader, n: int) -> list[float]:
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
 def test_example_trains_on_the_cpu(path: Path) -> None:
-    if not EXAMPLES:
-        pytest.skip("no examples yet")
     program, trainer, loader = _setup(path)
     assert set(trainer.choices) == {s.name for s in program.sites}
     trainer.init_params()
@@ -66,8 +64,6 @@ def test_example_trains_on_the_cpu(path: Path) -> None:
 
 def test_tiny_lm_reruns_are_bit_identical() -> None:
     path = REPO / "examples" / "tiny-lm.sx"
-    if not path.exists():
-        pytest.skip("examples/tiny-lm.sx is not there yet")
     exports = []
     for _ in range(2):
         program, trainer, loader = _setup(path)
