@@ -308,7 +308,7 @@ class Run:
                             else f"proposed state {name}"
                         )
                         raise RunError(
-                            f"step {step}: the {what} has {count} values that are not finite; "
+                            f"the {what} has {count} values that are not finite; "
                             "nothing was committed"
                         )
                 self.trainer.commit(proposal)
@@ -335,11 +335,9 @@ class Run:
         except SexpError as error:
             progress.close()
             line = error.render()
-            # Name the step that failed, as for any other error in a step; the guard's
-            # message names it already, and a checkpoint write names its own step.
-            if not line.startswith("step ") and not isinstance(
-                error, (CheckpointError, StorageError)
-            ):
+            # An error in a step is named by that step; a checkpoint write that
+            # failed names its own step.
+            if not isinstance(error, (CheckpointError, StorageError)):
                 line = f"step {self.step + 1}: {line}"
             return self._failed(line, error)
         except Exception as error:  # a bug or an op failing at run time: one line, traceback kept
