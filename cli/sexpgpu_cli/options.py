@@ -11,6 +11,6 @@ def parse_sets(values: tuple[str, ...] | list[str]) -> dict[str, str]:
     for item in values:
         name, sep, value = item.partition("=")
         if not sep or not name.strip():
-            raise UsageError(f"--set takes NAME=VALUE, not {item!r}")
-        sets[name.strip()] = value.strip()
+            raise UsageError(f"--set takes name=value, got '{item}'")
+        sets[name.strip()] = value
     return sets

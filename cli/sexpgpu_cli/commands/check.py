@@ -10,23 +10,13 @@ from typing import Any
 
 import click
 
-from sexpgpu.errors import UsageError
-
-
-def _sets(values: tuple[str, ...]) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for item in values:
-        name, eq, value = item.partition("=")
-        if not eq or not name.strip():
-            raise UsageError(f"--set takes name=value, got '{item}'")
-        out[name.strip()] = value
-    return out
+from sexpgpu_cli.options import parse_sets
 
 
 def _compile(file: str, sets: tuple[str, ...], variant: str | None, steps: int | None):
     from sexpgpu.lang import compile_file
 
-    return compile_file(file, sets=_sets(sets), variant=variant, steps=steps)
+    return compile_file(file, sets=parse_sets(sets), variant=variant, steps=steps)
 
 
 def _selection(f):
