@@ -1739,24 +1739,14 @@ class Compiler:
         roots: Mapping[str, Instance],
         names: set[str],
     ) -> g.Stage:
-        if not (
-            isinstance(sform, SList)
-            and len(sform.items) >= 2
-            and isinstance(sform.items[0], Sym)
-            and sform.items[0].name == "stage"
-            and isinstance(sform.items[1], Sym)
-        ):
-            raise _err(f"a stage is (stage name :steps N ...), got {show(sform)}", sform.pos)
-        sname = sform.items[1].name
-        if sname in names:
-            raise _err(f"stage '{sname}' is listed twice", sform.items[1].pos)
-        names.add(sname)
-        positional, keywords = _split_args(sform.items[2:])
-        if positional:
-            raise _err(
-                f"stage takes :keyword value pairs, got {show(positional[0])}", positional[0].pos
-            )
-        s = _keywords(keywords, ("steps", "data", "optimizer", "loss"), "stage")
+        name, s = _named_form(
+            sform,
+            "stage",
+            "(stage name :steps N ...)",
+            names,
+            ("steps", "data", "optimizer", "loss"),
+        )
+        sname = name.name
         if "steps" not in s:
             raise _err(f"stage {sname} needs :steps", sform.pos)
         steps = self.int_of(s["steps"], {}, ":steps", 1)
@@ -1800,26 +1790,13 @@ class Compiler:
         roots: Mapping[str, Instance],
         taken: set[str],
     ) -> g.EvalPass:
-        if not (
-            isinstance(form, SList)
-            and len(form.items) >= 2
-            and isinstance(form.items[0], Sym)
-            and form.items[0].name == "eval"
-            and isinstance(form.items[1], Sym)
-        ):
-            raise _err(
-                f"an eval pass is (eval name :every N :data d :metrics (loss)), got {show(form)}",
-                form.pos,
-            )
-        name = form.items[1]
-        if name.name in taken:
-            raise _err(f"eval pass '{name.name}' is listed twice", name.pos)
-        positional, keywords = _split_args(form.items[2:])
-        if positional:
-            raise _err(
-                f"eval takes :keyword value pairs, got {show(positional[0])}", positional[0].pos
-            )
-        e = _keywords(keywords, ("every", "data", "batches", "metrics"), "eval")
+        name, e = _named_form(
+            form,
+            "eval",
+            "(eval name :every N :data d :metrics (loss))",
+            taken,
+            ("every", "data", "batches", "metrics"),
+        )
         if "every" not in e:
             raise _err(f"eval {name.name} needs :every N (steps between passes)", form.pos)
         every = self.int_of(e["every"], {}, ":every", 1)
@@ -1875,6 +1852,34 @@ class Compiler:
 
 
 # ------------------------------------------------------------------ helpers
+
+
+def _named_form(
+    form: Any, head: str, usage: str, taken: set[str], allowed: tuple[str, ...]
+) -> tuple[Sym, dict[str, Any]]:
+    """``(head name :key value ...)``: its name (new among ``taken``, which it joins)
+    and its keywords, each one of ``allowed``."""
+    if not (
+        isinstance(form, SList)
+        and len(form.items) >= 2
+        and isinstance(form.items[0], Sym)
+        and form.items[0].name == head
+        and isinstance(form.items[1], Sym)
+    ):
+        article = "an" if head[0] in "aeiou" else "a"
+        what = "eval pass" if head == "eval" else head
+        raise _err(f"{article} {what} is {usage}, got {show(form)}", form.pos)
+    name = form.items[1]
+    if name.name in taken:
+        what = "eval pass" if head == "eval" else head
+        raise _err(f"{what} '{name.name}' is listed twice", name.pos)
+    taken.add(name.name)
+    positional, keywords = _split_args(form.items[2:])
+    if positional:
+        raise _err(
+            f"{head} takes :keyword value pairs, got {show(positional[0])}", positional[0].pos
+        )
+    return name, _keywords(keywords, allowed, head)
 
 
 def _split_args(items: Iterable[Any]) -> tuple[list[Any], list[tuple[Kw, Any]]]:
