@@ -31,7 +31,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sexpgpu.errors import CheckpointError, UsageError
+from sexpgpu.errors import CheckpointError, StorageError, UsageError
+from sexpgpu.storage import NO_SUCH_LOCATION
 
 if TYPE_CHECKING:
     import numpy as np
@@ -433,6 +434,20 @@ def decode_safetensors(data: bytes, where: str) -> dict[str, np.ndarray]:
         raise _damaged(where, f"safetensors cannot read it: {exc}") from None
 
 
+def _read_part(storage: Storage, file_key: str, start: int = 0, length: int | None = None) -> bytes:
+    """A checkpoint file's bytes (all, or ``length`` from ``start``) in one request: a
+    file that is not there is found by asking for it, not by looking for it first."""
+    try:
+        if length is None:
+            return storage.read(file_key)
+        return storage.read_range(file_key, start, length)
+    except StorageError as exc:
+        if exc.code != NO_SUCH_LOCATION:
+            raise
+        where = location_of(storage, file_key)
+        raise CheckpointError(f"{where} is missing from the checkpoint", code=E_DAMAGED) from None
+
+
 def read_header(storage: Storage, key: str) -> dict[str, Any]:
     """A tensor file's header, checked, read by ranged reads and never its tensor data.
 
@@ -440,9 +455,7 @@ def read_header(storage: Storage, key: str) -> dict[str, Any]:
     the one after it, so a truncated file is found without reading it.
     """
     where = location_of(storage, key)
-    if not storage.exists(key):
-        raise CheckpointError(f"{where} is missing from the checkpoint", code=E_DAMAGED)
-    length = _header_length(storage.read_range(key, 0, 8), where, None)
+    length = _header_length(_read_part(storage, key, 0, 8), where, None)
     raw = storage.read_range(key, 8, length)
     if len(raw) < length:
         raise _damaged(where, f"its header length {length} goes beyond the file")
@@ -610,9 +623,7 @@ class Loaded:
 
 def _read_json(storage: Storage, key: str, name: str) -> Any:
     where = location_of(storage, _join(key, name))
-    if not storage.exists(_join(key, name)):
-        raise CheckpointError(f"{where} is missing from the checkpoint", code=E_DAMAGED)
-    data = storage.read(_join(key, name))
+    data = _read_part(storage, _join(key, name))
     try:
         return json.loads(bytes(data).decode("utf-8"))
     except (UnicodeDecodeError, ValueError):
@@ -749,6 +760,13 @@ def _check_names(header: Mapping[str, Any], expected: set[str], where: str, what
         )
 
 
+def _read_tensor_file(storage: Storage, key: str, name: str) -> tuple[dict[str, np.ndarray], str]:
+    """A checkpoint's tensor file, decoded, and where it is (for messages)."""
+    file_key = _join(key, name)
+    where = location_of(storage, file_key)
+    return decode_safetensors(_read_part(storage, file_key), where), where
+
+
 def load_checkpoint(storage: Storage, key: str, *, with_states: bool = True) -> Loaded:
     """Read the checkpoint at ``key`` and check everything before handing it over.
 
@@ -763,11 +781,7 @@ def load_checkpoint(storage: Storage, key: str, *, with_states: bool = True) -> 
     want_params, want_states = expected_tensors(experiment)
     shapes = {entry["path"]: entry["shape"] for entry in experiment["params"]}
 
-    params_key = _join(key, PARAMS_FILE)
-    where = location_of(storage, params_key)
-    if not storage.exists(params_key):
-        raise CheckpointError(f"{where} is missing from the checkpoint", code=E_DAMAGED)
-    params = decode_safetensors(storage.read(params_key), where)
+    params, where = _read_tensor_file(storage, key, PARAMS_FILE)
     _check_names(params, set(want_params), where, "parameter")
     for name, array in params.items():
         if array.dtype.name != "float32":
@@ -781,11 +795,7 @@ def load_checkpoint(storage: Storage, key: str, *, with_states: bool = True) -> 
 
     states: dict[str, np.ndarray] = {}
     if with_states:
-        states_key = _join(key, STATES_FILE)
-        where = location_of(storage, states_key)
-        if not storage.exists(states_key):
-            raise CheckpointError(f"{where} is missing from the checkpoint", code=E_DAMAGED)
-        states = decode_safetensors(storage.read(states_key), where)
+        states, where = _read_tensor_file(storage, key, STATES_FILE)
         _check_names(states, set(want_states), where, "state")
         for name, array in states.items():
             shape = shapes[want_states[name]]
