@@ -13,6 +13,7 @@ import pytest
 from sexpgpu import checkpoint as ckpt
 from sexpgpu.graph import LoadSpec, Source
 from sexpgpu.storage import open_location
+from sexpgpu_cli.commands.checkpoint import render_checkpoint
 
 from .helpers import CORE_SHA, RUN_SHA, make_program, param, write
 
@@ -177,7 +178,7 @@ def test_loaded_parameters_are_named_not_copied(storage, location):
     )
     state = ckpt.state_record(step=1, stage=0, records=1, counters={}, loader=None, seed=7)
     key = ckpt.write_checkpoint(storage, 1, params, {}, state, experiment)
-    text = ckpt.describe_checkpoint(storage, key)
+    text = render_checkpoint(ckpt.describe_checkpoint(storage, key))
     assert (
         "loaded\n"
         "  teacher.embed  teacher.embed.weight in teacher.safetensors, 2216 bytes, sha256:f2fb0b73...\n"

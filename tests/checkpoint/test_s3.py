@@ -13,6 +13,7 @@ import pytest
 
 from sexpgpu import checkpoint as ckpt
 from sexpgpu.storage import open_location
+from sexpgpu_cli.commands.checkpoint import render_checkpoint
 
 from .helpers import write
 from .test_cli import CountingStorage
@@ -41,7 +42,7 @@ def test_a_checkpoint_in_a_bucket(s3_bucket, program):
 
     # Describing reads the two headers and never the tensor data.
     counting = CountingStorage(storage)
-    text = ckpt.describe_checkpoint(counting, key)
+    text = render_checkpoint(ckpt.describe_checkpoint(counting, key))
     assert text.startswith(f"checkpoint {location}/step-00000004\nstep       4\n")
     tensor_bytes = sum(n for k, _, n in counting.reads if k.endswith(".safetensors"))
     assert tensor_bytes < 1024 < sum(a.nbytes for a in params.values())

@@ -1,0 +1,100 @@
+"""Finding checkpoints: the latest complete step under a location, a checkpoint named
+by its location, and what ``--resume`` resumes from."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sexpgpu.checkpoint.keys import (
+    E_MISSING,
+    E_RESUME_LATEST,
+    EXPERIMENT_FILE,
+    FILES,
+    file_key,
+    location_of,
+    parse_step_key,
+)
+from sexpgpu.errors import CheckpointError, UsageError
+
+if TYPE_CHECKING:
+    from sexpgpu.extension import Storage
+
+
+def find_latest(storage: Storage) -> str | None:
+    """The key of the highest complete ``step-<n>`` under ``storage``, or ``None``.
+
+    Names that are not ``step-<8 digits>`` are ignored, and so is a step folder
+    without ``experiment.json`` (a write cut off). A location that cannot be
+    listed raises :class:`sexpgpu.errors.StorageError`: never a fresh start.
+    """
+    steps = []
+    for name in storage.list_children(""):
+        step = parse_step_key(name)
+        if step is not None:
+            steps.append((step, name.rstrip("/")))
+    for _, name in sorted(steps, reverse=True):
+        if storage.exists(file_key(name, EXPERIMENT_FILE)):
+            return name
+    return None
+
+
+def open_checkpoint(location: str) -> tuple[Storage, str]:
+    """Open a checkpoint named by its location (``/tmp/run/step-00000004``,
+    ``s3://bucket/prefix/step-00000004``) as (storage of its parent, key).
+
+    A location whose last part is not ``step-<n>`` (a copied checkpoint) is
+    opened itself, with the key ``""``. Nothing is read yet.
+    """
+    from sexpgpu.storage import open_location, scheme_of
+
+    text = location.strip()
+    trimmed = text.rstrip("/") or text
+    parent, _, name = trimmed.rpartition("/")
+    if parse_step_key(name) is None:
+        return open_location(trimmed), ""
+    if not parent or parent.endswith(":/"):
+        # "step-00000004" alone is in the working directory; "s3://step-..." has no bucket.
+        if scheme_of(trimmed) != "file":
+            return open_location(trimmed), ""
+        parent = parent or ("/" if trimmed.startswith("/") else ".")
+    return open_location(parent), name
+
+
+def resolve_resume(value: str, checkpoint_dir: str | None) -> tuple[Storage, str] | None:
+    """What ``--resume value`` resumes from: (storage, key), or ``None`` for a fresh start.
+
+    ``latest`` takes the highest complete step under ``checkpoint_dir`` (an error
+    without one; ``None`` when there is none yet). Any other value is a
+    checkpoint's location, which must hold a complete checkpoint.
+    """
+    from sexpgpu.storage import open_location
+
+    if value.strip() == "latest":
+        if not checkpoint_dir:
+            raise UsageError(
+                "--resume latest needs a checkpoint location "
+                "(--checkpoint-dir or SEXPGPU_CHECKPOINT_DIR)",
+                code=E_RESUME_LATEST,
+            )
+        storage = open_location(checkpoint_dir)
+        key = find_latest(storage)
+        return None if key is None else (storage, key)
+    storage, key = open_checkpoint(value)
+    require_complete(storage, key)
+    return storage, key
+
+
+def require_complete(storage: Storage, key: str) -> None:
+    """Nothing when ``key`` holds a complete checkpoint (its ``experiment.json``);
+    otherwise :class:`CheckpointError` (``E-CKPT-001``), telling a write cut off
+    from no checkpoint at all."""
+    if storage.exists(file_key(key, EXPERIMENT_FILE)):
+        return
+    where = location_of(storage, key)
+    if any(storage.exists(file_key(key, name)) for name in FILES[:-1]):
+        raise CheckpointError(
+            f"{where} is not a complete checkpoint: it has no {EXPERIMENT_FILE} "
+            "(its writing was cut off)",
+            code=E_MISSING,
+        )
+    raise CheckpointError(f"there is no checkpoint at {where}", code=E_MISSING)

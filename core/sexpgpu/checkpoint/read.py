@@ -1,0 +1,186 @@
+"""Reading a checkpoint back: its records, its tensor headers (by ranged reads) and
+its tensors, each checked against ``experiment.json`` before it is trusted, so a
+damaged or foreign checkpoint is refused with one clear error."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from sexpgpu.checkpoint.find import require_complete
+from sexpgpu.checkpoint.format import decode_safetensors, header_length, parse_header
+from sexpgpu.checkpoint.keys import (
+    E_DAMAGED,
+    E_FOREIGN,
+    EXPERIMENT_FILE,
+    PARAMS_FILE,
+    STATE_FILE,
+    STATES_FILE,
+    damaged,
+    file_key,
+    location_of,
+)
+from sexpgpu.checkpoint.records import (
+    check_experiment,
+    check_state,
+    expected_tensors,
+    is_dotted_path,
+)
+from sexpgpu.errors import CheckpointError, StorageError
+from sexpgpu.storage import NO_SUCH_LOCATION
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from sexpgpu.extension import Storage
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A checkpoint read back and checked: its two records and its tensors as numpy."""
+
+    location: str
+    experiment: dict[str, Any]
+    state: dict[str, Any]
+    params: dict[str, np.ndarray]
+    states: dict[str, np.ndarray]
+
+    @property
+    def step(self) -> int:
+        """The step the checkpoint was taken after."""
+        return int(self.state["step"])
+
+
+def _read_json(storage: Storage, key: str, name: str) -> Any:
+    where = location_of(storage, file_key(key, name))
+    data = _read_part(storage, file_key(key, name))
+    try:
+        return json.loads(bytes(data).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        raise damaged(where, "it is not valid JSON (truncated?)") from None
+
+
+def read_experiment(storage: Storage, key: str) -> dict[str, Any]:
+    """``experiment.json`` of the checkpoint at ``key``, checked to be one this sexpgpu reads."""
+    require_complete(storage, key)
+    where = location_of(storage, file_key(key, EXPERIMENT_FILE))
+    return check_experiment(_read_json(storage, key, EXPERIMENT_FILE), where)
+
+
+def read_state(storage: Storage, key: str) -> dict[str, Any]:
+    """``state.json`` of the checkpoint at ``key``, checked."""
+    where = location_of(storage, file_key(key, STATE_FILE))
+    return check_state(_read_json(storage, key, STATE_FILE), where)
+
+
+def _read_part(storage: Storage, path: str, start: int = 0, length: int | None = None) -> bytes:
+    """A checkpoint file's bytes (all, or ``length`` from ``start``) in one request: a
+    file that is not there is found by asking for it, not by looking for it first."""
+    try:
+        if length is None:
+            return storage.read(path)
+        return storage.read_range(path, start, length)
+    except StorageError as exc:
+        if exc.code != NO_SUCH_LOCATION:
+            raise
+        where = location_of(storage, path)
+        raise CheckpointError(f"{where} is missing from the checkpoint", code=E_DAMAGED) from None
+
+
+def read_header(storage: Storage, key: str) -> dict[str, Any]:
+    """A tensor file's header, checked, read by ranged reads and never its tensor data.
+
+    The file's length is checked by reading the last byte its tensors need and
+    the one after it, so a truncated file is found without reading it.
+    """
+    where = location_of(storage, key)
+    length = header_length(_read_part(storage, key, 0, 8), where, None)
+    raw = storage.read_range(key, 8, length)
+    if len(raw) < length:
+        raise damaged(where, f"its header length {length} goes beyond the file")
+    header, need = parse_header(raw, where)
+    start = 8 + length
+    if need:
+        tail = len(storage.read_range(key, start + need - 1, 2))
+        if tail == 0:
+            raise damaged(
+                where, f"it ends before the {need} bytes of data its header describes (truncated)"
+            )
+        if tail > 1:
+            raise damaged(where, "it has bytes after its tensors")
+    elif storage.read_range(key, start, 1):
+        raise damaged(where, "it has bytes after its tensors")
+    return header
+
+
+def _check_names(header: Mapping[str, Any], expected: set[str], where: str, what: str) -> None:
+    for name in header:
+        parts = name.split("/")
+        if not all(is_dotted_path(part) for part in parts) or len(parts) > (
+            2 if what == "state" else 1
+        ):
+            raise CheckpointError(
+                f"{where} has a tensor named {name!r}, which is no {what} name", code=E_FOREIGN
+            )
+    extra = sorted(set(header) - expected)
+    missing = sorted(expected - set(header))
+    if extra or missing:
+        said = []
+        if missing:
+            said.append("it lacks " + ", ".join(missing))
+        if extra:
+            said.append("it has " + ", ".join(extra) + " that experiment.json does not list")
+        raise CheckpointError(
+            f"{where} does not hold experiment.json's tensors: " + "; ".join(said),
+            code=E_DAMAGED,
+        )
+
+
+def _read_tensor_file(storage: Storage, key: str, name: str) -> tuple[dict[str, np.ndarray], str]:
+    """A checkpoint's tensor file, decoded, and where it is (for messages)."""
+    path = file_key(key, name)
+    where = location_of(storage, path)
+    return decode_safetensors(_read_part(storage, path), where), where
+
+
+def load_checkpoint(storage: Storage, key: str, *, with_states: bool = True) -> Loaded:
+    """Read the checkpoint at ``key`` and check everything before handing it over.
+
+    Refuses (with :class:`sexpgpu.errors.CheckpointError`, never a fresh start)
+    a checkpoint that is incomplete, has a file missing, truncated or not
+    parseable, is from a newer format, or whose tensors' names, shapes or
+    dtypes are not the ones ``experiment.json`` declares. ``with_states=False``
+    skips ``states.safetensors`` (evaluation never needs it).
+    """
+    experiment = read_experiment(storage, key)
+    state = read_state(storage, key)
+    want_params, want_states = expected_tensors(experiment)
+    shapes = {entry["path"]: entry["shape"] for entry in experiment["params"]}
+
+    params, where = _read_tensor_file(storage, key, PARAMS_FILE)
+    _check_names(params, set(want_params), where, "parameter")
+    for name, array in params.items():
+        if array.dtype.name != "float32":
+            raise damaged(where, f"{name} is {array.dtype}, where a parameter is stored as F32")
+        if list(array.shape) != want_params[name]:
+            raise damaged(
+                where,
+                f"{name} has the shape {list(array.shape)}, "
+                f"where experiment.json says {want_params[name]}",
+            )
+
+    states: dict[str, np.ndarray] = {}
+    if with_states:
+        states, where = _read_tensor_file(storage, key, STATES_FILE)
+        _check_names(states, set(want_states), where, "state")
+        for name, array in states.items():
+            shape = shapes[want_states[name]]
+            # A state is per parameter: its shape is the parameter's, or a scalar.
+            if list(array.shape) not in (shape, []):
+                raise damaged(
+                    where,
+                    f"{name} has the shape {list(array.shape)}, where its parameter is {shape}",
+                )
+    return Loaded(location_of(storage, key), experiment, state, params, states)
