@@ -15,10 +15,9 @@ EXAMPLES = ROOT / "examples"
 
 
 def cli_env() -> dict[str, str]:
-    """The environment for running `sexpgpu` in a subprocess, with the fake plugin
-    on PYTHONPATH behind the real ones (its entry point sorts last)."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(FAKE), env.get("PYTHONPATH", "")) if p)
+    """The environment for running `sexpgpu` in a subprocess: the project's own
+    plugins only (the fake would conflict with the real data sources and optimizers)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SEXPGPU_")}
     env["OMP_NUM_THREADS"] = "1"
     return env
 

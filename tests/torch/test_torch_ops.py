@@ -36,6 +36,7 @@ def check(
     *,
     inputs: dict[str, torch.Tensor] | None = None,
     kernels: dict[str, Callable] | None = None,
+    inline: frozenset[str] = frozenset(),
     atol: float = 1e-5,
     rtol: float = 1e-5,
 ) -> None:
@@ -52,7 +53,7 @@ def check(
     theirs = {p: t.clone().requires_grad_(t.is_floating_point()) for p, t in params.items()}
     ctx.params = ours
     ctx.inputs = dict(inputs)
-    (y,) = compile_graph(g.graph(out), ctx, kernels or {}, CPU)()
+    (y,) = compile_graph(g.graph(out), ctx, kernels or {}, CPU, inline)()
     y_ref = ref(**theirs, **inputs)
     assert y.shape == y_ref.shape
     assert tuple(y.shape) == g.nodes[out].type.shape, "the IR's shape rule and torch disagree"
@@ -389,9 +390,43 @@ def test_repeat(kernel: str) -> None:
         return x
 
     fn = {"unrolled": K.stack_unrolled, "looped": K.stack_looped}[kernel]
-    check(_repeat_build("stack:m.l"), params, ref, kernels={"stack:m.l": fn})
+    # unrolled is the inline kernel: its iterations are emitted into the graph itself
+    inline = frozenset({"stack:m.l"}) if kernel == "unrolled" else frozenset()
+    check(_repeat_build("stack:m.l"), params, ref, kernels={"stack:m.l": fn}, inline=inline)
 
 
 def test_reducing_over_no_axis_leaves_x_as_it_is() -> None:
     x = randn(2, 3, seed=50)
     check(lambda g, n: g.add("sum", n["x"], axes=(), keepdim=False), {"x": x}, lambda x: x * 1.0)
+
+
+def test_the_op_table_implements_exactly_the_registered_ops() -> None:
+    # The structural ops (input, param, const, repeat) are the graph compiler's own:
+    # they have no spec and no table entry.
+    from sexpgpu.lang.ops import BUILTINS, STRUCTURAL
+    from sexpgpu_torch.ops import IMPLEMENTATIONS
+
+    assert set(IMPLEMENTATIONS) == BUILTINS.names()
+    assert not set(STRUCTURAL) & (set(IMPLEMENTATIONS) | BUILTINS.names())
+
+
+def test_the_torch_plugin_supplies_each_builtin_op_through_sexpgpu_ops() -> None:
+    import sexpgpu_torch
+    from sexpgpu.lang.ops import BUILTINS
+    from sexpgpu_torch.ops import IMPLEMENTATIONS
+
+    infos = sexpgpu_torch.sexpgpu_ops()
+    assert sorted(i.name for i in infos) == sorted(BUILTINS.names())
+    for info in infos:
+        assert info.spec is BUILTINS.get(info.name)
+        assert info.implementations["torch"]() is IMPLEMENTATIONS[info.name]
+        assert info.doc
+
+
+def test_every_registered_op_is_checked_in_this_file() -> None:
+    from pathlib import Path
+
+    from sexpgpu.lang.ops import BUILTINS
+
+    text = Path(__file__).read_text()
+    assert sorted(op for op in BUILTINS.names() if f'"{op}"' not in text) == []

@@ -110,35 +110,8 @@ def read(text: str, file: str) -> list[Node]:
             i, col = i + 1, col + 1
             continue
         if c == '"':
-            start = here()
-            i, col = i + 1, col + 1
-            chars: list[str] = []
-            while True:
-                if i >= n:
-                    raise SourceError("unterminated string", pos=start)
-                c = text[i]
-                if c == '"':
-                    i, col = i + 1, col + 1
-                    break
-                if c == "\\":
-                    if i + 1 >= n:
-                        raise SourceError("unterminated string", pos=start)
-                    e = text[i + 1]
-                    if e not in _ESCAPES:
-                        raise SourceError(
-                            f"unknown escape '\\{e}' in a string (use \\n \\t \\\" \\\\)",
-                            pos=here(),
-                        )
-                    chars.append(_ESCAPES[e])
-                    i, col = i + 2, col + 2
-                    continue
-                chars.append(c)
-                if c == "\n":
-                    line, col = line + 1, 1
-                else:
-                    col += 1
-                i += 1
-            emit(Atom("".join(chars), start))
+            atom, i, line, col = _string(text, i, line, col, file)
+            emit(atom)
             continue
         start_i, start = i, here()
         while i < n and text[i] not in _DELIMS:
@@ -149,6 +122,39 @@ def read(text: str, file: str) -> list[Node]:
         opener, pos, _ = stack[-1]
         raise SourceError(f"'{opener}' is never closed", pos=pos)
     return forms
+
+
+def _string(text: str, i: int, line: int, col: int, file: str) -> tuple[Atom, int, int, int]:
+    """The string whose opening quote is at ``text[i]``; returns it and where
+    reading goes on (index, line, column)."""
+    start = Pos(file, line, col)
+    n = len(text)
+    i, col = i + 1, col + 1
+    chars: list[str] = []
+    while True:
+        if i >= n:
+            raise SourceError("unterminated string", pos=start)
+        c = text[i]
+        if c == '"':
+            return Atom("".join(chars), start), i + 1, line, col + 1
+        if c == "\\":
+            if i + 1 >= n:
+                raise SourceError("unterminated string", pos=start)
+            e = text[i + 1]
+            if e not in _ESCAPES:
+                raise SourceError(
+                    f"unknown escape '\\{e}' in a string (use \\n \\t \\\" \\\\)",
+                    pos=Pos(file, line, col),
+                )
+            chars.append(_ESCAPES[e])
+            i, col = i + 2, col + 2
+            continue
+        chars.append(c)
+        if c == "\n":
+            line, col = line + 1, 1
+        else:
+            col += 1
+        i += 1
 
 
 def _token(tok: str, pos: Pos) -> Node:

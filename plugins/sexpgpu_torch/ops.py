@@ -1,0 +1,275 @@
+"""The torch implementation of every built-in op: one table, op name -> builder.
+
+A builder takes the node, the graph compiler building it (:class:`Lowerer`) and
+the repeat iteration being inlined (``None`` outside one or in a body compiled
+as a function), and returns the torch function of the node's argument values.
+The table's keys are the core registry's op names
+(:func:`sexpgpu.lang.ops.builtin_ops`); the structural ops ``input``,
+``param``, ``const`` and ``repeat`` are the graph compiler's own. An op from a
+plugin is built by :func:`plugin_op` from the implementation its plugin gives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+import torch
+import torch.nn.functional as F
+
+from sexpgpu.errors import RunError
+from sexpgpu.graph import Node, TensorType
+from sexpgpu.lang.ops import implementation_of
+from sexpgpu_torch.lowering import LOWERING, TORCH_DTYPES
+
+Tensor = torch.Tensor
+Fn = Callable[..., Tensor]
+
+_FLOATS = ("f32", "bf16")
+
+
+class Lowerer(Protocol):
+    """What a builder may ask of the graph compiler."""
+
+    kernels: Mapping[str, Callable[..., Any]]
+    """The kernel chosen for each choice site, by site name."""
+
+    def arg_type(self, node: Node, i: int) -> TensorType:
+        """The type of ``node``'s argument ``i``."""
+
+    def dropout(self, p: float, key: int, iteration: int | None) -> Fn:
+        """A dropout function with masks drawn from the run's seed, the step and ``key``."""
+
+
+Builder = Callable[[Node, Lowerer, "int | None"], Fn]
+
+_UNARY: dict[str, Callable[[Tensor], Tensor]] = {
+    "neg": torch.neg,
+    "relu": torch.relu,
+    "gelu": F.gelu,
+    "silu": F.silu,
+    "tanh": torch.tanh,
+    "sigmoid": torch.sigmoid,
+    "exp": torch.exp,
+    "log": torch.log,
+    "sqrt": torch.sqrt,
+    "rsqrt": torch.rsqrt,
+    "abs": torch.abs,
+}
+
+_BINARY: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
+    "add": torch.add,
+    "sub": torch.sub,
+    "mul": torch.mul,
+    "div": torch.div,
+    "pow": torch.pow,
+    "maximum": torch.maximum,
+    "minimum": torch.minimum,
+}
+
+_REDUCE: dict[str, Callable[..., Tensor]] = {
+    "sum": torch.sum,
+    "mean": torch.mean,
+    "max": torch.amax,
+}
+
+
+def _cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
+    # Negative targets are masked out: map them to torch's ignore_index so the
+    # fused kernel averages over the rest.
+    flat = targets.reshape(-1)
+    flat = torch.where(flat < 0, torch.full_like(flat, -100), flat)
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), flat, ignore_index=-100)
+
+
+def _accuracy(logits: Tensor, targets: Tensor) -> Tensor:
+    # Masked positions (negative targets) count neither way, as in cross-entropy.
+    scored = targets >= 0
+    hits = (logits.argmax(dim=-1) == targets) & scored
+    return hits.sum().float() / scored.sum().clamp(min=1).float()
+
+
+def _mse(pred: Tensor, target: Tensor) -> Tensor:
+    return F.mse_loss(pred.float(), target.float())
+
+
+def _take(node: Node, table_shape: tuple[int, ...]) -> Callable[[Tensor, Tensor], Tensor]:
+    """``take``: rows of a table by index. The shape checker knows an index's type,
+    not its values, so an index beyond the table (data whose vocabulary is larger
+    than the embedding) is found here, and told as the user's error at the ``take``."""
+    rows = int(table_shape[0])
+    gather = (
+        (lambda table, idx: F.embedding(idx, table))
+        if len(table_shape) == 2
+        else (lambda table, idx: table[idx])
+    )
+
+    def take(table: Tensor, idx: Tensor) -> Tensor:
+        try:
+            return gather(table, idx)
+        except IndexError:
+            low, high = int(idx.min()), int(idx.max())
+            bad = high if high >= rows else low
+            raise RunError(
+                f"{node.pos}: take: index {bad} is outside the table's {rows} rows "
+                f"(indices here are {low}..{high}); is the data's vocabulary larger "
+                "than the table?"
+            ) from None
+
+    return take
+
+
+# ---------------------------------------------------------------- builders
+
+
+def _unary(node: Node, low: Lowerer, iteration: int | None) -> Fn:
+    return _UNARY[node.op]
+
+
+def _binary(node: Node, low: Lowerer, iteration: int | None) -> Fn:
+    fn = _BINARY[node.op]
+    target = node.type.dtype
+    if target not in _FLOATS:
+        return fn
+    # Follow the IR's promotion (f32 if either side is f32) even where torch
+    # would keep a bf16 tensor against an f32 scalar.
+    ca, cb = (
+        low.arg_type(node, i).dtype in _FLOATS and low.arg_type(node, i).dtype != target
+        for i in range(2)
+    )
+    if not (ca or cb):
+        return fn
+    dt = TORCH_DTYPES[target]
+
+    def promoted(a: Tensor, b: Tensor) -> Tensor:
+        return fn(a.to(dt) if ca else a, b.to(dt) if cb else b)
+
+    return promoted
+
+
+def _reshape(node: Node, low: Lowerer, iteration: int | None) -> Fn:
+    shape = tuple(node.attrs["shape"])
+    return lambda x: x.reshape(shape)
+
+
+def _transpose(node: Node, low: Lowerer, iteration: int | None) -> Fn:
+    a0, a1 = node.attrs["axes"]
+    return lambda x: x.transpose(a0, a1)
+
+
+def _concat(node: Node, low: Lowerer, iteration: int | None) -> Fn:
+    axis = int(node.attrs["axis"])
+    return lambda *xs: torch.cat(xs, dim=axis)
+
+
+def _slice(node: Node, low: Lowerer, iteration: int | None) -> Fn:
+    attrs = node.attrs
+    axis, start, stop = int(attrs["axis"]), int(attrs["start"]), int(attrs["stop"])
+    return lambda x: x.narrow(axis, start, stop - start)
+
+
+def _reduce(node: Node, low: Lowerer, iteration: int | None) -> Fn:
+    axes = tuple(node.attrs.get("axes", ()))
+    keep = bool(node.attrs.get("keepdim", False))
+    if not axes:  # reducing over no axis leaves x as it is (the IR's shape rule)
+        return lambda x: x
+    reduce = _REDUCE[node.op]
+    return lambda x: reduce(x, dim=axes, keepdim=keep)
+
+
+def _softmax(node: Node, low: Lowerer, iteration: int | None) -> Fn:
+    axis = int(node.attrs["axis"])
+    fn = torch.softmax if node.op == "softmax" else torch.log_softmax
+    return lambda x: fn(x, dim=axis)
+
+
+def _layer_norm(node: Node, low: Lowerer, iteration: int | None) -> Fn:
+    eps = float(node.attrs.get("eps", 1e-5))
+    return lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b, eps)
+
+
+def _rms_norm(node: Node, low: Lowerer, iteration: int | None) -> Fn:
+    eps = float(node.attrs.get("eps", 1e-6))
+    return lambda x, w: F.rms_norm(x, (x.shape[-1],), w, eps)
+
+
+def _attention(node: Node, low: Lowerer, iteration: int | None) -> Fn:
+    kernel = low.kernels[node.site]
+    heads, causal = int(node.attrs["heads"]), bool(node.attrs.get("causal", False))
+    return lambda q, k, v: kernel(q, k, v, heads=heads, causal=causal)
+
+
+def _conv2d(node: Node, low: Lowerer, iteration: int | None) -> Fn:
+    kernel = low.kernels[node.site]
+    stride, padding = int(node.attrs.get("stride", 1)), int(node.attrs.get("padding", 0))
+    if len(node.args) == 2:
+        return lambda x, w: kernel(x, w, None, stride=stride, padding=padding)
+    return lambda x, w, b: kernel(x, w, b, stride=stride, padding=padding)
+
+
+def _pool(node: Node, low: Lowerer, iteration: int | None) -> Fn:
+    size = int(node.attrs["kernel"])
+    stride = int(node.attrs.get("stride", size))
+    pool = F.max_pool2d if node.op == "max_pool2d" else F.avg_pool2d
+    return lambda x: pool(x, size, stride)
+
+
+def _cast(node: Node, low: Lowerer, iteration: int | None) -> Fn:
+    dt = TORCH_DTYPES[node.attrs["dtype"]]
+    return lambda x: x.to(dt)
+
+
+def _fixed(fn: Fn) -> Builder:
+    return lambda node, low, iteration: fn
+
+
+IMPLEMENTATIONS: dict[str, Builder] = {
+    **{name: _unary for name in _UNARY},
+    **{name: _binary for name in _BINARY},
+    "matmul": _fixed(torch.matmul),
+    "reshape": _reshape,
+    "transpose": _transpose,
+    "concat": _concat,
+    "slice": _slice,
+    **{name: _reduce for name in _REDUCE},
+    "softmax": _softmax,
+    "log_softmax": _softmax,
+    "take": lambda node, low, iteration: _take(node, low.arg_type(node, 0).shape),
+    "layer_norm": _layer_norm,
+    "rms_norm": _rms_norm,
+    "attention": _attention,
+    "conv2d": _conv2d,
+    "max_pool2d": _pool,
+    "avg_pool2d": _pool,
+    "dropout": lambda node, low, it: low.dropout(
+        float(node.attrs["p"]), int(node.attrs["key"]), it
+    ),
+    "cross_entropy": _fixed(_cross_entropy),
+    "accuracy": _fixed(_accuracy),
+    "mse": _fixed(_mse),
+    "cast": _cast,
+}
+"""Each built-in op's builder: ``builder(node, lowerer, iteration) -> fn(*args)``."""
+
+
+def build(node: Node, low: Lowerer, iteration: int | None) -> Fn:
+    """The torch function computing ``node``: a built-in op's, or its plugin's."""
+    builder = IMPLEMENTATIONS.get(node.op)
+    if builder is not None:
+        return builder(node, low, iteration)
+    return plugin_op(node)
+
+
+def plugin_op(node: Node) -> Fn:
+    """A plugin op's function: its plugin's torch implementation, given the node's
+    keywords (``implementation(attrs) -> fn(*tensors)``)."""
+    factory = implementation_of(node.op, node.attrs.get("plugin"), LOWERING, node.pos)
+    attrs = {k: v for k, v in node.attrs.items() if k != "plugin"}
+    try:
+        return factory()(attrs)
+    except Exception as exc:  # a plugin's bug is told as its op's, never a traceback
+        raise RunError(
+            f"the op '{node.op}' from the plugin '{node.attrs.get('plugin')}' failed to build:"
+            f" {type(exc).__name__}: {exc}",
+            pos=node.pos,
+        ) from None
