@@ -35,22 +35,26 @@ class LazyGroup(click.Group):
         return sorted({*self.commands, *(n for n in BUILTIN_COMMANDS if _present(n))})
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        if cmd_name in self.commands:
-            return self.commands[cmd_name]
+        # A built-in name always means the built-in: plugins never replace one
+        # (Plugins.register_commands refuses them, this makes it hold regardless).
         target = BUILTIN_COMMANDS.get(cmd_name)
         if target is None:
-            return None
+            return self.commands.get(cmd_name)
         if not _present(cmd_name):
             return None
-        module_name, attr = target.split(":")
-        command = getattr(importlib.import_module(module_name), attr)
-        self.commands[cmd_name] = command
-        return command
+        if cmd_name not in _loaded:
+            module_name, attr = target.split(":")
+            _loaded[cmd_name] = getattr(importlib.import_module(module_name), attr)
+        return _loaded[cmd_name]
 
     def resolve_command(self, ctx: click.Context, args: list[str]):
         name, command, rest = super().resolve_command(ctx, args)
         LazyGroup.invoked = name
         return name, command, rest
+
+
+_loaded: dict[str, click.Command] = {}
+"""The built-in commands imported so far."""
 
 
 def _present(cmd_name: str) -> bool:
@@ -88,15 +92,18 @@ def cli(log_format: str, log_level: str) -> None:
       sexpgpu run examples/tiny-lm.sx --checkpoint-dir ckpt --resume latest
     """
     from sexpgpu import log
+    from sexpgpu.plugins import get_plugins
 
     log.configure(level=log_level, fmt=log_format)
+    get_plugins().log_warnings()
 
 
 def build_cli() -> click.Group:
-    """The root group with every available plugin's commands added."""
+    """The root group with every available plugin's commands added (never over a
+    built-in one: such a plugin is listed unavailable by ``sexpgpu plugins``)."""
     from sexpgpu.plugins import get_plugins
 
-    get_plugins().register_commands(cli)
+    get_plugins().register_commands(cli, reserved=BUILTIN_COMMANDS)
     return cli
 
 

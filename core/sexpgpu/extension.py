@@ -1,12 +1,16 @@
-"""The public API for plugin authors: the descriptors hooks return, and the protocols
-the things they build must follow.
+"""The public API for plugin authors: the descriptors hooks return, the protocols
+the things they build must follow, and the list of core modules a plugin may use.
 
 A descriptor is a small frozen dataclass that can be built without importing
-anything heavy; its ``factory`` does the real work when the thing is used.
+anything heavy; its ``factory`` does the real work when the thing is used. The
+call contracts (a kernel per kind, an optimizer's update) are written here without
+any lowering's tensor type, so that every lowering follows the same ones.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -15,6 +19,41 @@ if TYPE_CHECKING:
     import numpy as np
 
     from sexpgpu.graph import Program, TensorType
+
+
+# ---------------------------------------------------------------- the public API
+
+PUBLIC_API: Mapping[str, tuple[str, ...] | None] = {
+    "sexpgpu": ("__version__",),
+    "sexpgpu.extension": None,
+    "sexpgpu.errors": None,
+    "sexpgpu.hookspecs": None,
+    "sexpgpu.graph": None,
+    "sexpgpu.storage": None,
+    "sexpgpu.kernels": None,
+    "sexpgpu.lang.ops": None,
+    "sexpgpu.checkpoint": ("layout_tensors",),
+    "sexpgpu.log": None,
+}
+"""The core modules a plugin may import, each with the names it may take from it
+(``None``: every name not starting with ``_``). Anything else in the core may change
+without notice; ``tests/foundation/test_public_api.py`` holds every plugin to this."""
+
+
+def module_missing(module: str, hint: str) -> str | None:
+    """For ``sexpgpu_unavailable``: a reason with ``hint`` when ``module`` cannot be imported.
+
+    Looks the module up without importing it, so checking stays cheap.
+    """
+    if sys.modules.get(module) is not None:  # None there means "blocked": missing
+        return None
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None:
+        return f"{module} is not installed: {hint}"
+    return None
 
 
 # ---------------------------------------------------------------- lowerings
@@ -83,9 +122,10 @@ class Lowering(Protocol):
         """Build a :class:`Trainer` for ``program`` on ``device`` (``cpu``, ``cuda``, ``cuda:1``).
 
         ``kernels`` are every available kernel; the lowering picks one per choice
-        site by the rule in :class:`KernelInfo`, or takes ``pinned[site]`` when
-        given, raising :class:`sexpgpu.errors.CheckpointError` with code
-        ``E-CHOICE-001`` when a pinned choice cannot be taken here.
+        site with :func:`sexpgpu.kernels.choose_kernels` (the one rule for every
+        lowering), which takes ``pinned[site]`` when given and raises
+        :class:`sexpgpu.errors.CheckpointError` ``E-CHOICE-001`` when a pinned
+        choice cannot be taken here.
         """
 
 
@@ -102,16 +142,69 @@ class LoweringInfo:
 # ---------------------------------------------------------------- kernels
 
 
+Tensor = Any
+"""A lowering's tensor (``torch.Tensor`` for the torch lowering); the core never imports one."""
+
+
+class AttentionKernel(Protocol):
+    """What an ``attention`` kernel's factory returns."""
+
+    def __call__(self, q: Tensor, k: Tensor, v: Tensor, *, heads: int, causal: bool) -> Tensor:
+        """``q``, ``k``, ``v`` of shape ``[B, T, D]`` (``heads`` divides ``D``) to
+        ``[B, T, D]``, the heads concatenated back along the last axis; masked so that
+        a position sees none after it when ``causal``. Differentiable by the lowering's
+        autograd."""
+
+
+class Conv2dKernel(Protocol):
+    """What a ``conv2d`` kernel's factory returns."""
+
+    def __call__(
+        self, x: Tensor, w: Tensor, bias: Tensor | None, *, stride: int, padding: int
+    ) -> Tensor:
+        """``x`` ``[B, C, H, W]``, ``w`` ``[O, C, kh, kw]``, ``bias`` ``[O]`` or ``None``
+        to ``[B, O, H', W']``, with the same ``stride`` and zero ``padding`` on both axes."""
+
+
+class StackBody(Protocol):
+    """One iteration of a ``repeat``, as the lowering hands it to a stack kernel."""
+
+    def __call__(self, carry: Tensor, slot_tensors: Sequence[Tensor]) -> Tensor:
+        """The next carry from this one and the iteration's slot parameters, in slot order."""
+
+
+class StackKernel(Protocol):
+    """What a ``stack`` kernel's factory returns."""
+
+    def __call__(
+        self, body: StackBody, carry: Tensor, per_iteration_slots: Sequence[Sequence[Tensor]]
+    ) -> Tensor:
+        """Run ``body`` once per entry of ``per_iteration_slots``, in order, each output
+        the next carry; return the last. An entry may carry an ``iteration`` attribute
+        the body reads (it seeds dropout), so pass the entries as given."""
+
+
+KERNEL_CALLS: Mapping[str, type] = {
+    "attention": AttentionKernel,
+    "conv2d": Conv2dKernel,
+    "stack": StackKernel,
+}
+"""The call contract of each site kind the language has: what a kernel's factory returns."""
+
+
 @dataclass(frozen=True)
 class KernelInfo:
     """One implementation of a kind of choice site.
 
-    ``kind`` is the site kind (``attention``, ``stack``, ``conv2d``...); ``name``
-    is recorded as the choice (``math``, ``sdpa``, ``unrolled``). ``lowering``
-    names the lowering that can call it and ``devices`` where it runs.
-    Among the kernels that fit (deterministic ones only, unless the run asks
-    otherwise), the highest ``priority`` wins, then the name in alphabetical order. ``factory`` returns the callable the
-    lowering invokes; its signature is fixed per kind by that lowering.
+    ``kind`` is the site kind (``attention``, ``stack``, ``conv2d``...) and fixes what
+    ``factory()`` returns (:data:`KERNEL_CALLS`); ``name`` is recorded as the choice
+    (``math``, ``sdpa``, ``unrolled``). ``lowering`` names the lowering that can call
+    it and ``devices`` the device kinds where it runs. ``deterministic`` promises the
+    same bits for the same inputs on the same machine, backward included. The choice
+    among the kernels that fit is :func:`sexpgpu.kernels.choose_kernels`: deterministic
+    ones only unless the run asks otherwise, the highest ``priority``, then the name.
+    ``inline`` (stack kernels) lets the lowering emit the iterations into the program
+    instead of calling the kernel; the result must be the same as calling it.
     """
 
     kind: str
@@ -122,9 +215,68 @@ class KernelInfo:
     factory: Callable[[], Callable[..., Any]]
     priority: int = 0
     doc: str = ""
+    inline: bool = False
+
+
+# ---------------------------------------------------------------- ops
+
+
+@dataclass(frozen=True)
+class OpInfo:
+    """An op of the language, as a plugin supplies it.
+
+    ``name`` is the op's name (``squareplus``: the IR op on its nodes, and its
+    name in `.sx` files unless the spec gives others); ``spec`` is its
+    :class:`sexpgpu.lang.ops.OpSpec` (arguments, keywords, inference);
+    ``implementations`` maps a lowering's name (``torch``) to a factory
+    returning that lowering's implementation of the op (for ``torch``:
+    ``build(attrs) -> fn(*tensors)``; docs/plugins.md, "Adding an op"). An
+    ``OpInfo`` whose spec is a built-in op's (``sexpgpu.lang.ops.BUILTINS``)
+    supplies implementations of that op, as the torch plugin does.
+    """
+
+    name: str
+    spec: Any
+    implementations: Mapping[str, Callable[[], Any]] = field(default_factory=dict)
+    doc: str = ""
 
 
 # ---------------------------------------------------------------- optimizers
+
+
+class OptimizerUpdate(Protocol):
+    """What an optimizer's factory returns: a propose-then-commit update.
+
+    The lowering keeps parameters and states; the update only computes new ones, so
+    a step the run refuses (non-finite values) changes nothing. Gradients arrive
+    already clipped to the stage's global norm (``:clip``) when it asks for it. The
+    update count is not a state: the lowering derives it from the step number and
+    the first step of the stages sharing these states, which survives a resume.
+    """
+
+    def init_states(
+        self, params: Sequence[Tensor], options: Mapping[str, Any]
+    ) -> dict[str, list[Tensor]]:
+        """Fresh states for the trainable ``params``: one list per name that
+        ``OptimizerInfo.state_names(options)`` gives, aligned with ``params`` (zeros,
+        f32, on the parameters' device). Checkpointed as ``path/state``."""
+
+    def propose(
+        self,
+        params: Sequence[Tensor],
+        grads: Sequence[Tensor],
+        states: Mapping[str, Sequence[Tensor]],
+        *,
+        lr: float,
+        count: int,
+        options: Mapping[str, Any],
+        decay: Sequence[bool],
+    ) -> tuple[list[Tensor], dict[str, list[Tensor]]]:
+        """New (parameters, states) computed from the current ones, which must be left
+        untouched. ``lr`` is the scheduled rate of this step; ``count`` the 1-based
+        number of this update since the states started (bias correction); ``options``
+        the optimizer's defaults overridden by the `.sx` file's; ``decay[i]`` whether
+        parameter ``i`` takes weight decay. New parameters keep their inputs' dtypes."""
 
 
 @dataclass(frozen=True)
@@ -133,8 +285,8 @@ class OptimizerInfo:
 
     ``options`` maps each option a `.sx` file may give to its default;
     ``state_names`` gives, for the options in use, the states kept per
-    parameter (``("m", "v")`` for adam). ``factory`` returns the update object
-    the lowering calls; the torch lowering documents its protocol.
+    parameter (``("m", "v")`` for adam). ``factory`` returns the
+    :class:`OptimizerUpdate` the lowering calls.
     """
 
     name: str

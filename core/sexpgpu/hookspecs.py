@@ -21,6 +21,7 @@ if TYPE_CHECKING:
         KernelInfo,
         LoweringInfo,
         MetricsSinkInfo,
+        OpInfo,
         OptimizerInfo,
         StorageBackendInfo,
     )
@@ -91,6 +92,19 @@ def sexpgpu_data_sources() -> list[DataSourceInfo]:
     (name, options with defaults, a torch-free function giving the batch's
     fields and shapes, and a factory for the loader). Called when a `.sx` file is
     compiled (for shapes) and when a run opens its data.
+    """
+
+
+@hookspec
+def sexpgpu_ops() -> list[OpInfo]:
+    """Supply ops of the language: what a `.sx` expression may call inline.
+
+    Receives nothing. Returns a list of :class:`sexpgpu.extension.OpInfo`, each
+    with the op's spec (arguments, keywords, shape and dtype inference, a doc
+    line) and its implementation for each lowering that can run it. Called
+    when a `.sx` file is compiled (the spec) and when a lowering builds a
+    program that uses the op (the implementation). Built-in ops are supplied
+    the same way.
     """
 
 

@@ -6,9 +6,8 @@ TensorBoard's own event-file writer; torch's ``SummaryWriter`` is not used.
 
 from __future__ import annotations
 
-from sexpgpu.extension import MetricsSinkInfo
+from sexpgpu.extension import MetricsSinkInfo, module_missing
 from sexpgpu.hookspecs import hookimpl
-from sexpgpu.plugins import module_missing
 
 HINT = "pip install 'sexpgpu[tensorboard]'"
 

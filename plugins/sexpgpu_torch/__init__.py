@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from sexpgpu.extension import KernelInfo, LoweringInfo, OptimizerInfo
+from sexpgpu.extension import KernelInfo, LoweringInfo, OptimizerInfo, module_missing
 from sexpgpu.hookspecs import hookimpl
 
 LOWERING = "torch"
@@ -26,8 +26,6 @@ def _lowering_factory() -> Any:
 @hookimpl
 def sexpgpu_unavailable() -> str | None:
     """Unavailable without torch (looked up, not imported)."""
-    from sexpgpu.plugins import module_missing
-
     return module_missing("torch", "pip install torch (see https://pytorch.org for CUDA builds)")
 
 
@@ -55,7 +53,7 @@ def _kernel(name: str) -> Callable[[], Callable[..., Any]]:
 
 @hookimpl
 def sexpgpu_kernels() -> list[KernelInfo]:
-    """The built-in kernels; each kind's call signature is documented in :mod:`sexpgpu_torch.kernels`."""
+    """The built-in kernels; each kind's call contract is in :data:`sexpgpu.extension.KERNEL_CALLS`."""
     return [
         KernelInfo(
             kind="attention",
@@ -89,6 +87,8 @@ def sexpgpu_kernels() -> list[KernelInfo]:
             factory=_kernel("stack_unrolled"),
             priority=10,
             doc="a repeat compiled into one flat list of steps per iteration",
+            # The lowering emits the iterations itself; the callable is the plain loop.
+            inline=True,
         ),
         KernelInfo(
             kind="stack",
@@ -187,3 +187,20 @@ def sexpgpu_optimizers() -> list[OptimizerInfo]:
             doc="Adam with decoupled weight decay, skipped for parameters tagged no_decay_tags",
         ),
     ]
+
+
+@hookimpl
+def sexpgpu_ops() -> list[Any]:
+    """The torch implementations of the built-in ops, whose specs are the core's registry.
+
+    Each factory returns the op's builder from :data:`sexpgpu_torch.ops.IMPLEMENTATIONS`
+    (imported, with torch, only when called)."""
+    import importlib
+
+    from sexpgpu.extension import OpInfo
+    from sexpgpu.lang.ops import builtin_ops
+
+    def factory(name: str) -> Callable[[], Any]:
+        return lambda: importlib.import_module("sexpgpu_torch.ops").IMPLEMENTATIONS[name]
+
+    return [OpInfo(s.name, s, {LOWERING: factory(s.name)}, s.doc) for s in builtin_ops()]

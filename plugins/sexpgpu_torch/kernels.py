@@ -1,32 +1,20 @@
-"""The built-in kernels of the torch lowering, and the call signature of each kind.
+"""The built-in kernels of the torch lowering.
 
-A kernel registered through ``sexpgpu_kernels`` with ``lowering="torch"`` has a
-``factory()`` that returns a callable with its kind's signature:
-
-``attention``
-    ``fn(q, k, v, *, heads: int, causal: bool) -> Tensor`` with ``q``, ``k``,
-    ``v`` of shape ``[B, T, D]`` (``heads`` divides ``D``); returns ``[B, T, D]``,
-    the heads concatenated back along the last axis. Must be differentiable
-    through autograd.
-
-``conv2d``
-    ``fn(x, w, bias, *, stride: int, padding: int) -> Tensor`` with ``x``
-    ``[B, C, H, W]``, ``w`` ``[O, C, kh, kw]`` and ``bias`` ``[O]`` or ``None``.
-
-``stack``
-    ``fn(body, carry, params) -> Tensor`` runs a ``repeat``: ``body(carry,
-    slot_tensors) -> Tensor`` is one iteration, ``params`` holds one tuple of
-    slot tensors per iteration; the output of one iteration is the carry of the
-    next, and the last one is returned.
+Each follows its kind's call contract in the core (:data:`sexpgpu.extension.KERNEL_CALLS`:
+:class:`~sexpgpu.extension.AttentionKernel`, :class:`~sexpgpu.extension.Conv2dKernel`,
+:class:`~sexpgpu.extension.StackKernel`), with ``torch.Tensor`` as the tensor type;
+a third-party kernel for ``lowering="torch"`` follows the same contracts.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
+
+from sexpgpu.extension import AttentionKernel, Conv2dKernel, StackBody, StackKernel
 
 Tensor = torch.Tensor
 
@@ -69,27 +57,30 @@ def conv2d_direct(
 
 
 def stack_looped(
-    body: Callable[[Tensor, Sequence[Tensor]], Tensor],
-    carry: Tensor,
-    params: Sequence[Sequence[Tensor]],
+    body: StackBody, carry: Tensor, per_iteration_slots: Sequence[Sequence[Tensor]]
 ) -> Tensor:
     """Run the body once per iteration in a Python loop."""
-    for slot_tensors in params:
+    for slot_tensors in per_iteration_slots:
         carry = body(carry, slot_tensors)
     return carry
 
 
 def stack_unrolled(
-    body: Callable[[Tensor, Sequence[Tensor]], Tensor],
-    carry: Tensor,
-    params: Sequence[Sequence[Tensor]],
+    body: StackBody, carry: Tensor, per_iteration_slots: Sequence[Sequence[Tensor]]
 ) -> Tensor:
     """Every iteration inlined into the program's flat list of steps.
 
-    The torch lowering recognises this kernel and inlines the body ``count``
-    times when it compiles the graph, so no per-iteration dispatch is left at
-    run time. Called directly (by another lowering), it is the plain loop.
+    Its descriptor says ``inline``, so the torch lowering emits the body ``count``
+    times when it compiles the graph and no per-iteration dispatch is left at run
+    time. Called (by a lowering that does not inline), it is the plain loop, which
+    computes the same values.
     """
-    for slot_tensors in params:
+    for slot_tensors in per_iteration_slots:
         carry = body(carry, slot_tensors)
     return carry
+
+
+# Through these a type checker holds each built-in kernel to its kind's contract.
+_ATTENTION: tuple[AttentionKernel, ...] = (attention_math, attention_sdpa)
+_CONV2D: tuple[Conv2dKernel, ...] = (conv2d_direct,)
+_STACK: tuple[StackKernel, ...] = (stack_looped, stack_unrolled)

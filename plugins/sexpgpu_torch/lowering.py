@@ -2,9 +2,9 @@
 
 Each graph is compiled once into a flat list of closures over one list of
 values (a node's value lives at a fixed index), so a step costs one Python call
-per op on top of the op itself. Repeats with the ``unrolled`` stack kernel are
-inlined iteration by iteration into that list; other stack kernels get the body
-as a function.
+per op on top of the op itself. A repeat whose stack kernel's descriptor says
+``inline`` (``unrolled``) is emitted iteration by iteration into that list; other
+stack kernels are called with the body as a function.
 
 Optimizer states belong to a *state group*: a run of consecutive stages whose
 optimizer has the same name and the same options other than ``lr``. Entering a
@@ -17,18 +17,17 @@ needs no saved counter and survives a resume.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from sexpgpu.errors import CheckpointError, PluginError, RunError
 from sexpgpu.extension import KernelInfo, OptimizerInfo
 from sexpgpu.graph import Graph, Node, ParamDecl, Program
-from sexpgpu_torch import kernels as builtin_kernels
+from sexpgpu.kernels import choose_kernels, device_kind, recorded
 from sexpgpu_torch.optim import clip_by_global_norm
 from sexpgpu_torch.rng import derive_seed
 
@@ -43,60 +42,6 @@ TORCH_DTYPES: dict[str, torch.dtype] = {
     "bool": torch.bool,
 }
 """IR dtype names to torch dtypes."""
-
-
-# ---------------------------------------------------------------- choices
-
-
-def device_kind(device: str) -> str:
-    """``cuda:1`` -> ``cuda``."""
-    return device.split(":", 1)[0]
-
-
-def choose_kernels(
-    program: Program,
-    *,
-    device: str,
-    kernels: Sequence[KernelInfo],
-    pinned: Mapping[str, str] | None,
-) -> dict[str, KernelInfo]:
-    """The kernel for every choice site of ``program``, by the rule of :class:`KernelInfo`.
-
-    Among the kernels of the site's kind for this lowering and device kind (and
-    deterministic ones only when the run is deterministic), the highest
-    priority wins, then the name in alphabetical order. ``pinned[site]`` takes
-    precedence; a pinned name not available here is ``E-CHOICE-001``.
-    """
-    kind_here = device_kind(device)
-    fitting = [k for k in kernels if k.lowering == LOWERING and kind_here in k.devices]
-    chosen: dict[str, KernelInfo] = {}
-    for site in program.sites:
-        if pinned and site.name in pinned:
-            name = pinned[site.name]
-            match = next((k for k in fitting if k.kind == site.kind and k.name == name), None)
-            if match is None:
-                raise CheckpointError(
-                    f"the recorded choice '{name}' for {site.name} cannot be taken here: "
-                    f"no available {site.kind} kernel '{name}' for the torch lowering on "
-                    f"{kind_here} (use --choices fresh to choose again)",
-                    code="E-CHOICE-001",
-                )
-            chosen[site.name] = match
-            continue
-        candidates = [
-            k
-            for k in fitting
-            if k.kind == site.kind and (k.deterministic or not program.run.deterministic)
-        ]
-        if not candidates:
-            wanted = "deterministic " if program.run.deterministic else ""
-            raise PluginError(
-                f"no {wanted}{site.kind} kernel for the torch lowering on {kind_here} "
-                f"(needed by {site.name}; see `sexpgpu plugins`)",
-                pos=site.pos,
-            )
-        chosen[site.name] = min(candidates, key=lambda k: (-k.priority, k.name))
-    return chosen
 
 
 # ---------------------------------------------------------------- the compiler
@@ -131,60 +76,19 @@ class Slots(tuple):
 Step = Callable[[list], None]
 
 
-_UNARY: dict[str, Callable[[Tensor], Tensor]] = {
-    "neg": torch.neg,
-    "relu": torch.relu,
-    "gelu": F.gelu,
-    "silu": F.silu,
-    "tanh": torch.tanh,
-    "sigmoid": torch.sigmoid,
-    "exp": torch.exp,
-    "log": torch.log,
-    "sqrt": torch.sqrt,
-    "rsqrt": torch.rsqrt,
-    "abs": torch.abs,
-}
-
-_BINARY: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
-    "add": torch.add,
-    "sub": torch.sub,
-    "mul": torch.mul,
-    "div": torch.div,
-    "pow": torch.pow,
-    "maximum": torch.maximum,
-    "minimum": torch.minimum,
-}
-
-_FLOATS = ("f32", "bf16")
-
-
-def _cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
-    # Negative targets are masked out: map them to torch's ignore_index so the
-    # fused kernel averages over the rest.
-    flat = targets.reshape(-1)
-    flat = torch.where(flat < 0, torch.full_like(flat, -100), flat)
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), flat, ignore_index=-100)
-
-
-def _accuracy(logits: Tensor, targets: Tensor) -> Tensor:
-    # Masked positions (negative targets) count neither way, as in cross-entropy.
-    scored = targets >= 0
-    hits = (logits.argmax(dim=-1) == targets) & scored
-    return hits.sum().float() / scored.sum().clamp(min=1).float()
-
-
-def _mse(pred: Tensor, target: Tensor) -> Tensor:
-    return F.mse_loss(pred.float(), target.float())
-
-
 class _Compiler:
     """Compiles graphs into closures writing one shared value list."""
 
     def __init__(
-        self, ctx: Ctx, kernels: Mapping[str, Callable[..., Any]], device: torch.device
+        self,
+        ctx: Ctx,
+        kernels: Mapping[str, Callable[..., Any]],
+        device: torch.device,
+        inline: Collection[str] = frozenset(),
     ) -> None:
         self.ctx = ctx
         self.kernels = kernels
+        self.inline = inline
         self.device = device
         self.steps: list[Step] = []
         self.template: list[Any] = []
@@ -293,94 +197,15 @@ class _Compiler:
         self.steps.append(step)
 
     def op_function(self, node: Node, iteration: int | None) -> Callable[..., Tensor]:
-        """The torch function computing ``node`` from its arguments' values."""
-        op, attrs = node.op, node.attrs
-        if op in _UNARY:
-            return _UNARY[op]
-        if op in _BINARY:
-            fn = _BINARY[op]
-            target = node.type.dtype
-            if target in _FLOATS:
-                # Follow the IR's promotion (f32 if either side is f32) even where
-                # torch would keep a bf16 tensor against an f32 scalar.
-                casts = [
-                    self._arg_type(node, i).dtype in _FLOATS
-                    and self._arg_type(node, i).dtype != target
-                    for i in range(2)
-                ]
-                if any(casts):
-                    dt = TORCH_DTYPES[target]
-                    ca, cb = casts
+        """The torch function computing ``node`` from its arguments' values
+        (built by the op table, :data:`sexpgpu_torch.ops.IMPLEMENTATIONS`)."""
+        # imported here: the op table imports this module's dtypes
+        from sexpgpu_torch.ops import build
 
-                    def promoted(a: Tensor, b: Tensor, fn=fn, dt=dt) -> Tensor:
-                        return fn(a.to(dt) if ca else a, b.to(dt) if cb else b)
+        return build(node, self, iteration)
 
-                    return promoted
-            return fn
-        if op == "matmul":
-            return torch.matmul
-        if op == "reshape":
-            shape = tuple(attrs["shape"])
-            return lambda x: x.reshape(shape)
-        if op == "transpose":
-            a0, a1 = attrs["axes"]
-            return lambda x: x.transpose(a0, a1)
-        if op == "concat":
-            axis = int(attrs["axis"])
-            return lambda *xs: torch.cat(xs, dim=axis)
-        if op == "slice":
-            axis, start, stop = int(attrs["axis"]), int(attrs["start"]), int(attrs["stop"])
-            return lambda x: x.narrow(axis, start, stop - start)
-        if op in ("sum", "mean", "max"):
-            axes = tuple(attrs.get("axes", ()))
-            keep = bool(attrs.get("keepdim", False))
-            if not axes:  # reducing over no axis leaves x as it is (the IR's shape rule)
-                return lambda x: x
-            reduce = {"sum": torch.sum, "mean": torch.mean, "max": torch.amax}[op]
-            return lambda x: reduce(x, dim=axes, keepdim=keep)
-        if op == "softmax":
-            axis = int(attrs["axis"])
-            return lambda x: torch.softmax(x, dim=axis)
-        if op == "log_softmax":
-            axis = int(attrs["axis"])
-            return lambda x: torch.log_softmax(x, dim=axis)
-        if op == "take":
-            return _take(node, self._arg_type(node, 0).shape)
-        if op == "layer_norm":
-            eps = float(attrs.get("eps", 1e-5))
-            return lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b, eps)
-        if op == "rms_norm":
-            eps = float(attrs.get("eps", 1e-6))
-            return lambda x, w: F.rms_norm(x, (x.shape[-1],), w, eps)
-        if op == "attention":
-            kernel = self.kernels[node.site]
-            heads, causal = int(attrs["heads"]), bool(attrs.get("causal", False))
-            return lambda q, k, v: kernel(q, k, v, heads=heads, causal=causal)
-        if op == "conv2d":
-            kernel = self.kernels[node.site]
-            stride, padding = int(attrs.get("stride", 1)), int(attrs.get("padding", 0))
-            if len(node.args) == 2:
-                return lambda x, w: kernel(x, w, None, stride=stride, padding=padding)
-            return lambda x, w, b: kernel(x, w, b, stride=stride, padding=padding)
-        if op in ("max_pool2d", "avg_pool2d"):
-            size = int(attrs["kernel"])
-            stride = int(attrs.get("stride", size))
-            pool = F.max_pool2d if op == "max_pool2d" else F.avg_pool2d
-            return lambda x: pool(x, size, stride)
-        if op == "dropout":
-            return self.dropout(float(attrs["p"]), int(attrs["key"]), iteration)
-        if op == "cross_entropy":
-            return _cross_entropy
-        if op == "mse":
-            return _mse
-        if op == "accuracy":
-            return _accuracy
-        if op == "cast":
-            dt = TORCH_DTYPES[attrs["dtype"]]
-            return lambda x: x.to(dt)
-        raise RunError(f"the torch lowering has no op '{op}'", pos=node.pos)
-
-    def _arg_type(self, node: Node, i: int) -> Any:
+    def arg_type(self, node: Node, i: int) -> Any:
+        """The type of ``node``'s argument ``i``."""
         return self.types[node.args[i]]
 
     def dropout(self, p: float, key: int, iteration: int | None) -> Callable[[Tensor], Tensor]:
@@ -412,7 +237,7 @@ class _Compiler:
         saved_types = self.types
         self.types = {n.id: n.type for n in body.nodes}
         try:
-            if kernel is builtin_kernels.stack_unrolled:
+            if node.site in self.inline:  # the kernel's descriptor allows it
                 current = carry_in
                 for i in range(count):
                     (current,) = self.emit_graph(
@@ -435,7 +260,7 @@ class _Compiler:
 
     def body_function(self, body: Graph) -> Callable[[Tensor, Sequence[Tensor]], Tensor]:
         """A repeat body as ``fn(carry, slot_tensors) -> Tensor`` for a stack kernel."""
-        sub = _Compiler(self.ctx, self.kernels, self.device)
+        sub = _Compiler(self.ctx, self.kernels, self.device, self.inline)
         sub.types = self.types
         sub.iteration_box = box = [0]
         carry = sub.alloc()
@@ -465,10 +290,16 @@ class _Compiler:
 
 
 def compile_graph(
-    graph: Graph, ctx: Ctx, kernels: Mapping[str, Callable[..., Any]], device: torch.device
+    graph: Graph,
+    ctx: Ctx,
+    kernels: Mapping[str, Callable[..., Any]],
+    device: torch.device,
+    inline: Collection[str] = frozenset(),
 ) -> Callable[[], list[Tensor]]:
-    """``graph`` as a function of ``ctx`` returning its outputs' values."""
-    comp = _Compiler(ctx, kernels, device)
+    """``graph`` as a function of ``ctx`` returning its outputs' values; ``kernels``
+    are the sites' callables, and the repeats at the ``inline`` sites are emitted
+    iteration by iteration instead of calling theirs."""
+    comp = _Compiler(ctx, kernels, device, inline)
     comp.types = {n.id: n.type for n in graph.nodes}
     outputs = comp.emit_graph(graph)
     steps = tuple(comp.steps)
@@ -578,17 +409,18 @@ class TorchTrainer:
     ) -> None:
         self.program = program
         self.device = torch.device(device)
-        self.choices: dict[str, str] = {site: k.name for site, k in chosen.items()}
+        self.choices: dict[str, str] = recorded(chosen)
         self.ctx = Ctx(program.run.seed, self.device)
         self.autocast = program.run.precision == "bf16" and self.device.type == "cuda"
         fns = {site: k.factory() for site, k in chosen.items()}
+        inline = frozenset(site for site, k in chosen.items() if k.inline)
         self.decls = list(program.params)
         self.trainable = [d.path for d in self.decls if d.trainable]
         self._export_buffers: dict[tuple, dict[str, np.ndarray]] = {}
 
         # Stages: compiled loss, optimizer update, state group.
         self.stage_loss = [
-            compile_graph(s.loss, self.ctx, fns, self.device) for s in program.stages
+            compile_graph(s.loss, self.ctx, fns, self.device, inline) for s in program.stages
         ]
         self.updates = []
         self.state_names: list[tuple[str, ...]] = []
@@ -618,7 +450,8 @@ class TorchTrainer:
             skip = set(options.get("no_decay_tags", ()) or ())
             self.decay.append([not (skip & set(d.tags)) for d in self.decls if d.trainable])
         self.evals = {
-            e.name: (e, compile_graph(e.graph, self.ctx, fns, self.device)) for e in program.evals
+            e.name: (e, compile_graph(e.graph, self.ctx, fns, self.device, inline))
+            for e in program.evals
         }
         self.fields = [
             {name: TORCH_DTYPES[t.dtype] for name, t in s.data.fields.items()}
@@ -888,31 +721,7 @@ class TorchLowering:
                 torch.use_deterministic_algorithms(True, warn_only=True)
                 torch.backends.cudnn.benchmark = False
                 torch.backends.cudnn.deterministic = True
-        chosen = choose_kernels(program, device=device, kernels=kernels, pinned=pinned)
+        chosen = choose_kernels(
+            program, lowering=LOWERING, device=device, kernels=kernels, pinned=pinned
+        )
         return TorchTrainer(program, device=device, chosen=chosen, optimizers=optimizers)
-
-
-def _take(node: Node, table_shape: tuple[int, ...]) -> Callable[[Tensor, Tensor], Tensor]:
-    """``take``: rows of a table by index. The shape checker knows an index's type,
-    not its values, so an index beyond the table (data whose vocabulary is larger
-    than the embedding) is found here, and told as the user's error at the ``take``."""
-    rows = int(table_shape[0])
-    gather = (
-        (lambda table, idx: F.embedding(idx, table))
-        if len(table_shape) == 2
-        else (lambda table, idx: table[idx])
-    )
-
-    def take(table: Tensor, idx: Tensor) -> Tensor:
-        try:
-            return gather(table, idx)
-        except IndexError:
-            low, high = int(idx.min()), int(idx.max())
-            bad = high if high >= rows else low
-            raise RunError(
-                f"{node.pos}: take: index {bad} is outside the table's {rows} rows "
-                f"(indices here are {low}..{high}); is the data's vocabulary larger "
-                "than the table?"
-            ) from None
-
-    return take

@@ -1,35 +1,28 @@
 """Propose-then-commit optimizer updates for the torch lowering.
 
-The protocol (what an ``OptimizerInfo.factory()`` returns for the ``torch``
-lowering) is :class:`Update`:
+Each update follows the core's protocol, :class:`sexpgpu.extension.OptimizerUpdate`
+(``init_states`` and ``propose``; the inputs are never modified, so a refused
+proposal changes nothing), with ``torch.Tensor`` as the tensor type. Here
+specifically: every update uses ``torch._foreach_*`` ops over the whole list,
+never a Python loop per parameter; parameters stored in ``bf16`` are updated in
+``f32`` and rounded back; their states are kept in ``f32``; adamw skips the decay
+of parameters tagged with one of ``no_decay_tags`` (the ``decay`` flags).
 
-``update.init_states(params, options) -> dict[state name, list[Tensor]]``
-    fresh states for a list of trainable parameters (zeros, f32, same device).
-
-``update.propose(params, grads, states, *, lr, count, options, decay) -> (params', states')``
-    new tensors for every parameter and state, computed from the current ones,
-    which are left untouched (so a refused proposal changes nothing). ``count``
-    is the 1-based number of this update since the states were started (Adam's
-    bias correction); ``decay[i]`` says whether parameter ``i`` takes weight
-    decay (adamw skips parameters tagged with one of ``no_decay_tags``).
-
-Every update uses ``torch._foreach_*`` ops over the whole list, never a Python
-loop per parameter. Parameters stored in ``bf16`` are updated in ``f32`` and
-rounded back; their states are kept in ``f32``.
-
-The step count is not a state: states.safetensors holds only ``path/state``
-tensors, so the lowering derives ``count`` from the global step number and the
-first step of the run of stages that share these states (see
+The lowering clips the gradients (:func:`clip_by_global_norm`) before ``propose``
+and derives ``count`` from the global step number and the first step of the run
+of stages that share these states (see
 :meth:`sexpgpu_torch.lowering.TorchTrainer.propose`), which survives a resume.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
+
+from sexpgpu.extension import OptimizerUpdate
 
 Tensor = torch.Tensor
 
@@ -43,7 +36,7 @@ def _back(new: list[Tensor], like: Sequence[Tensor]) -> list[Tensor]:
 
 
 class Update:
-    """Base of the built-in updates: see the module docstring for the protocol."""
+    """Base of the built-in updates, each an :class:`sexpgpu.extension.OptimizerUpdate`."""
 
     state_names: tuple[str, ...] = ()
 
@@ -155,7 +148,7 @@ class AdamW(Adam):
     decoupled = True
 
 
-UPDATES: dict[str, type[Update]] = {"sgd": SGD, "adam": Adam, "adamw": AdamW}
+UPDATES: dict[str, Callable[[], OptimizerUpdate]] = {"sgd": SGD, "adam": Adam, "adamw": AdamW}
 """The built-in updates by optimizer name."""
 
 

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from sexpgpu.extension import Storage, StorageBackendInfo
+from sexpgpu.extension import Storage, StorageBackendInfo, module_missing
 from sexpgpu.hookspecs import hookimpl
-from sexpgpu.plugins import module_missing
 
 
 def _open(uri: str) -> Storage:

@@ -169,8 +169,16 @@ def make_mem_plugin(root: Path) -> Path:
 
 
 def user_env(pythonpath: Iterable[Path] = (), **extra: str) -> dict[str, str]:
-    """The environment of a user's shell: no inherited SEXPGPU_* settings, our PYTHONPATH."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SEXPGPU_")}
+    """The environment of a user's shell: no inherited SEXPGPU_* settings, our PYTHONPATH.
+
+    The suite's isolation from installed third-party plugins (set by tests/conftest.py)
+    is kept: a user's shell has none of them.
+    """
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("SEXPGPU_") or k == "SEXPGPU_DISABLE_DISTRIBUTIONS"
+    }
     env.pop("PYTHONPATH", None)
     paths = [str(p) for p in pythonpath]
     if paths:

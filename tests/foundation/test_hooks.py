@@ -111,9 +111,8 @@ def sexpgpu_cli_commands(cli):
 '''
 
 UNAVAILABLE = """
-from sexpgpu.extension import StorageBackendInfo
+from sexpgpu.extension import StorageBackendInfo, module_missing
 from sexpgpu.hookspecs import hookimpl
-from sexpgpu.plugins import module_missing
 
 
 @hookimpl

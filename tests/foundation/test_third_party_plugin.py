@@ -73,6 +73,12 @@ def test_plugins_lists_the_third_party_plugin(mem: dict) -> None:
     assert "(sexpgpu_mem_plugin)" in line
     assert line.endswith("available")
     assert hooks_line(result.stdout, "mem") == "hooks: cli_commands, storage_backends"
+    lines = result.stdout.splitlines()
+    at = lines.index(line)
+    assert [text.strip() for text in lines[at + 2 : at + 4]] == [
+        "storage mem://: objects in a folder",
+        "command mem: Put and get objects in mem:// locations (a test plugin).",
+    ]
 
     as_json = _sexpgpu(mem, "plugins", "--json")
     assert as_json.returncode == 0, as_json.stderr
@@ -86,6 +92,21 @@ def test_plugins_lists_the_third_party_plugin(mem: dict) -> None:
         "available": True,
         "disabled": False,
         "reason": None,
+        "warnings": [],
+        "traceback": None,
+        "supplies": {
+            "storage_backends": [
+                {"title": "mem://", "schemes": ["mem"], "doc": "objects in a folder"}
+            ],
+            "cli_commands": [
+                {
+                    "title": "mem",
+                    "name": "mem",
+                    "doc": "Put and get objects in mem:// locations (a test plugin).",
+                }
+            ],
+        },
+        "conflicts": [],
     }
     # the built-in plugins are still there, found the same way
     assert {"local", "torch"} <= set(records)
@@ -122,3 +143,56 @@ def test_open_location_uses_the_plugin_storage(mem: dict) -> None:
         "sexpgpu_mem_plugin MemStorage mem://x mem",
         "round-trip ok",
     ]
+
+
+def test_plugins_says_what_the_builtin_plugins_supply(tmp_path: Path) -> None:
+    """Schemes, sinks, data sources with their options, kernels with their kind and
+    determinism, optimizers with their options, lowerings with their devices; each
+    with its doc line, in the listing and in --json."""
+    listing = run_sexpgpu(["plugins"], cwd=tmp_path)
+    assert listing.returncode == 0, listing.stderr
+    out = listing.stdout.splitlines()
+    for expected in (
+        "storage file://: a local or mounted folder: /path, ./path or file:///path",
+        "lowering torch (devices cpu, cuda): PyTorch eager execution of a compiled program "
+        "(CPU, CUDA)",
+        "kernel attention:math (torch lowering; devices cpu, cuda; deterministic; priority 0): "
+        "softmax(QK^T/sqrt(d))V written out, causal mask by masked_fill",
+        "kernel attention:sdpa (torch lowering; devices cpu, cuda; non-deterministic; "
+        "priority 10): torch.nn.functional.scaled_dot_product_attention",
+        "optimizer sgd (lr=0.01, momentum=0.0, weight_decay=0.0, nesterov=False): "
+        "stochastic gradient descent; state 'momentum' when momentum > 0",
+    ):
+        assert expected in [line.strip() for line in out], expected
+    assert any(
+        line.strip().startswith("data source tokens (path='', dtype='uint16'): ") for line in out
+    )
+    assert any(line.strip().startswith("metrics sink jsonl: ") for line in out)
+
+    records = {
+        r["name"]: r for r in json.loads(run_sexpgpu(["plugins", "--json"], cwd=tmp_path).stdout)
+    }
+    torch = records["torch"]["supplies"]
+    assert {"lowerings", "kernels", "optimizers"} <= set(torch)
+    math = next(k for k in torch["kernels"] if k["name"] == "math")
+    assert math == {
+        "title": "attention:math",
+        "kind": "attention",
+        "name": "math",
+        "lowering": "torch",
+        "devices": ["cpu", "cuda"],
+        "deterministic": True,
+        "priority": 0,
+        "doc": "softmax(QK^T/sqrt(d))V written out, causal mask by masked_fill",
+    }
+    adamw = next(o for o in torch["optimizers"] if o["name"] == "adamw")
+    assert adamw["options"]["no_decay_tags"] == ["no-decay"] and adamw["doc"]
+    tokens = next(d for d in records["data"]["supplies"]["data_sources"] if d["name"] == "tokens")
+    assert tokens["options"] == {"path": "", "dtype": "uint16"}
+    assert set(tokens["option_docs"]) == {"path", "dtype"}
+    assert records["jsonl"]["supplies"]["metrics_sinks"][0]["name"] == "jsonl"
+    assert records["local"]["supplies"]["storage_backends"][0]["schemes"] == ["file"]
+    # every built-in says what each thing is for
+    for record in records.values():
+        for items in record["supplies"].values():
+            assert all(item["doc"] for item in items), (record["name"], items)

@@ -48,30 +48,54 @@ def test_a_file_in_the_way_cannot_be_listed(tmp_path):
     assert info.value.code == "E-STORAGE-004"
 
 
-@pytest.mark.skipif(_ROOT, reason="root reads any folder")
+def _without_file_capabilities(code: str) -> subprocess.CompletedProcess:
+    """Run ``code`` in a Python child that file permissions bind, even as root.
+
+    CI runs as root, which reads and writes any folder; the child drops every
+    capability (``setpriv``) so a mode of 0 or 0o555 refuses it as it would a user.
+    """
+    command = [sys.executable, "-c", code]
+    if _ROOT:
+        command = ["setpriv", "--bounding-set=-all", "--inh-caps=-all", "--", *command]
+    return subprocess.run(command, capture_output=True, text=True, timeout=60)
+
+
 def test_an_unreadable_folder_cannot_be_listed(tmp_path):
     folder = tmp_path / "run"
     folder.mkdir()
     folder.chmod(0)
     try:
-        with pytest.raises(StorageError) as info:
-            LocalStorage(str(folder)).list_children()
-        assert info.value.code == "E-STORAGE-004"
+        child = _without_file_capabilities(
+            "from sexpgpu.errors import StorageError\n"
+            "from sexpgpu_local.backend import LocalStorage\n"
+            "try:\n"
+            f"    LocalStorage({str(folder)!r}).list_children()\n"
+            "except StorageError as exc:\n"
+            "    print(exc.code)\n"
+        )
     finally:
         folder.chmod(0o755)
+    assert child.returncode == 0, child.stderr
+    assert child.stdout.strip() == "E-STORAGE-004"
 
 
-@pytest.mark.skipif(_ROOT, reason="root writes any folder")
 def test_a_failed_write_keeps_the_old_bytes(tmp_path):
     store = LocalStorage(str(tmp_path / "run"))
     store.write("state.json", b"old")
     (tmp_path / "run").chmod(0o555)
     try:
-        with pytest.raises(StorageError) as info:
-            store.write("state.json", b"new")
-        assert info.value.code == "E-STORAGE-002"
+        child = _without_file_capabilities(
+            "from sexpgpu.errors import StorageError\n"
+            "from sexpgpu_local.backend import LocalStorage\n"
+            "try:\n"
+            f"    LocalStorage({str(tmp_path / 'run')!r}).write('state.json', b'new')\n"
+            "except StorageError as exc:\n"
+            "    print(exc.code)\n"
+        )
     finally:
         (tmp_path / "run").chmod(0o755)
+    assert child.returncode == 0, child.stderr
+    assert child.stdout.strip() == "E-STORAGE-002"
     assert store.read("state.json") == b"old"
 
 

@@ -1,34 +1,41 @@
-"""Kernel choice: the rule, pinned choices, E-CHOICE-001, and a third-party kernel."""
+"""Kernel choice: the core's rule as the torch lowering uses it, pinned choices,
+E-CHOICE-001, the kernel contracts, ``inline``, and a third-party kernel."""
 
 from __future__ import annotations
 
+import functools
+import inspect
 from pathlib import Path
 
 import numpy as np
 import pytest
 from torch_build import G, param, program, site, stage
 
-from sexpgpu.errors import CheckpointError
-from sexpgpu.extension import KernelInfo
+from sexpgpu import kernels as choice
+from sexpgpu.errors import CheckpointError, PluginError
+from sexpgpu.extension import KERNEL_CALLS, KernelInfo
 from sexpgpu.graph import TensorType
 from sexpgpu.plugins import get_plugins, reset_plugins
 from sexpgpu_torch import kernels as K
-from sexpgpu_torch.lowering import choose_kernels
 from tests.foundation.pluginkit import make_plugin
+
+# The rule as the torch lowering applies it.
+choose_kernels = functools.partial(choice.choose_kernels, lowering="torch")
 
 ATTN = "attention:model.attn"
 CONV = "conv2d:model.conv"
 STACK = "stack:model.blocks"
 
 
-def sites_program(deterministic: bool = True):
+def sites_program(deterministic: bool = True, kinds=("attention", "conv2d", "stack")):
     g = G()
     loss = g.add("sum", g.param("model.p", [2]), axes=(0,), keepdim=False)
     st = stage(g.graph(loss), {}, optimizer="sgd")
+    every = {"attention": ATTN, "conv2d": CONV, "stack": STACK}
     return program(
         [param("model.p", [2])],
         [st],
-        sites=[site(ATTN, "attention"), site(CONV, "conv2d"), site(STACK, "stack")],
+        sites=[site(every[kind], kind) for kind in kinds],
         deterministic=deterministic,
     )
 
@@ -37,8 +44,7 @@ def builtin() -> list[KernelInfo]:
     return get_plugins().available("sexpgpu_kernels")
 
 
-def names(chosen: dict[str, KernelInfo]) -> dict[str, str]:
-    return {s: k.name for s, k in chosen.items()}
+names = choice.recorded
 
 
 def test_deterministic_runs_take_the_best_deterministic_kernels() -> None:
@@ -97,6 +103,67 @@ def test_a_pinned_choice_that_cannot_be_taken_is_e_choice_001(pinned, kernels) -
     assert text.startswith("E-CHOICE-001: ")
     assert ATTN in text and f"'{pinned}'" in text
     assert "\n" not in text
+
+
+def test_a_site_no_kernel_fits_is_a_one_line_plugin_error() -> None:
+    only_racy = [k for k in builtin() if k.kind != "attention"] + [
+        _fake("racy", 0, deterministic=False)
+    ]
+    with pytest.raises(PluginError) as info:
+        choose_kernels(sites_program(), device="cpu", kernels=only_racy, pinned=None)
+    assert str(info.value) == (
+        "test.sx:1:1: no deterministic attention kernel for the torch lowering on cpu "
+        f"(needed by {ATTN}; see `sexpgpu plugins`)"
+    )
+    chosen = choose_kernels(sites_program(False), device="cpu", kernels=only_racy, pinned=None)
+    assert chosen[ATTN].name == "racy"
+
+
+def test_another_lowering_takes_only_its_own_kernels_by_the_same_rule() -> None:
+    theirs = [
+        _fake("low", 1, devices=("cuda",), lowering="cuda-c"),
+        _fake("high", 9, devices=("cuda",), lowering="cuda-c"),
+        _fake("racy", 20, devices=("cuda",), lowering="cuda-c", deterministic=False),
+    ]
+    attention_only = sites_program(kinds=("attention",))
+    chosen = choice.choose_kernels(
+        attention_only, lowering="cuda-c", device="cuda:1", kernels=builtin() + theirs, pinned={}
+    )
+    assert names(chosen) == {ATTN: "high"}
+    with pytest.raises(CheckpointError) as info:
+        choice.choose_kernels(
+            attention_only,
+            lowering="cuda-c",
+            device="cuda:1",
+            kernels=builtin() + theirs,
+            pinned={ATTN: "math"},
+        )
+    assert str(info.value) == (
+        f"E-CHOICE-001: the recorded choice 'math' for {ATTN} cannot be taken here: no "
+        "available attention kernel 'math' for the cuda-c lowering on cuda "
+        "(use --choices fresh to choose again)"
+    )
+    with pytest.raises(PluginError):
+        choice.choose_kernels(
+            sites_program(), lowering="cuda-c", device="cuda", kernels=theirs, pinned=None
+        )
+
+
+def _parameters(fn) -> list[tuple[str, object]]:
+    params = list(inspect.signature(fn).parameters.values())
+    return [(p.name, p.kind) for p in params if p.name != "self"]
+
+
+def test_the_built_in_kernels_follow_the_core_call_contracts() -> None:
+    infos = builtin()
+    assert {k.kind for k in infos} == set(KERNEL_CALLS)
+    for info in infos:
+        contract = KERNEL_CALLS[info.kind].__call__
+        assert _parameters(info.factory()) == _parameters(contract), info.name
+
+
+def test_only_the_unrolled_stack_kernel_may_be_inlined() -> None:
+    assert {k.name for k in builtin() if k.inline} == {"unrolled"}
 
 
 def test_trainer_records_every_site() -> None:
@@ -184,3 +251,63 @@ def test_a_third_party_kernel_is_chosen_and_called(third_party) -> None:
         losses[trainer.choices[ATTN]] = trainer.propose(batch, stage=0, step=1, lr=0.1).loss
     assert set(losses) == {"doubled", "math"}
     assert losses["doubled"] == pytest.approx(2 * losses["math"], rel=1e-6)
+
+
+def repeat_program():
+    """A two-iteration ``repeat`` at site STACK, and its loss."""
+    body = G()
+    carry = body.input("carry", [2, 4])
+    out = body.add("tanh", body.add("matmul", carry, body.slot(0, [4, 4])))
+    g = G()
+    x = g.input("x", [2, 4])
+    stack = g.add(
+        "repeat",
+        x,
+        count=2,
+        body=body.graph(out),
+        slots=(("m.l.0.w",), ("m.l.1.w",)),
+        site=STACK,
+        type=g.nodes[x].type,
+    )
+    loss = g.add("sum", stack, axes=(0, 1), keepdim=False)
+    return program(
+        [param("m.l.0.w", [4, 4]), param("m.l.1.w", [4, 4])],
+        [stage(g.graph(loss), {"x": TensorType((2, 4), "f32")})],
+        sites=[site(STACK, "stack")],
+    )
+
+
+def test_inline_is_what_the_descriptor_says_not_which_function_it_is() -> None:
+    """A stack kernel that says ``inline`` is never called (its iterations are emitted
+    into the program); one that does not is called once per run of the repeat. Both
+    give the bits the built-in kernels give."""
+    calls: list[int] = []
+
+    def counted(body, carry, per_iteration_slots):
+        calls.append(len(per_iteration_slots))
+        return K.stack_looped(body, carry, per_iteration_slots)
+
+    def stack(name: str, inline: bool) -> KernelInfo:
+        return KernelInfo("stack", name, "torch", ("cpu",), True, lambda: counted, inline=inline)
+
+    plugins = get_plugins()
+    lowering = plugins.available("sexpgpu_lowerings")[0].factory()
+    optimizers = {o.name: o for o in plugins.available("sexpgpu_optimizers")}
+    kernels = builtin() + [stack("emitted", True), stack("called", False)]
+    batch = {"x": np.linspace(-1, 1, 8, dtype=np.float32).reshape(2, 4)}
+    losses, counts = {}, {}
+    for name in ("emitted", "called", "unrolled", "looped"):
+        calls.clear()
+        trainer = lowering.lower(
+            repeat_program(),
+            device="cpu",
+            kernels=kernels,
+            optimizers=optimizers,
+            pinned={STACK: name},
+        )
+        trainer.init_params()
+        losses[name] = trainer.propose(batch, stage=0, step=1, lr=0.1).loss
+        counts[name] = list(calls)
+        assert trainer.choices == {STACK: name}
+    assert counts == {"emitted": [], "called": [2], "unrolled": [], "looped": []}
+    assert len(set(losses.values())) == 1, losses

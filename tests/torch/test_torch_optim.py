@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 import pytest
 import torch
 from torch_build import G, param, program, stage
 
+from sexpgpu.extension import OptimizerUpdate
 from sexpgpu.graph import Init, TensorType
 from sexpgpu.plugins import get_plugins
 from sexpgpu_torch import optim
@@ -66,6 +69,28 @@ def test_update_matches_torch_optim(name: str, options: dict, reference) -> None
         ref.step()
         for a, b in zip(ours, theirs, strict=True):
             torch.testing.assert_close(a, b.detach(), rtol=1e-6, atol=1e-7)
+
+
+def _call_shape(fn) -> list[tuple[str, object]]:
+    return [(p.name, p.kind) for p in inspect.signature(fn).parameters.values()]
+
+
+@pytest.mark.parametrize("name", sorted(optim.UPDATES))
+def test_every_update_follows_the_core_protocol(name: str) -> None:
+    """Each built-in update has the core's OptimizerUpdate methods, called the same way,
+    and its fresh states are the ones its descriptor names for the options."""
+    update = _infos()[name].factory()
+    for method in ("init_states", "propose"):
+        protocol_method = getattr(OptimizerUpdate, method)
+        assert _call_shape(getattr(update, method)) == _call_shape(protocol_method)[1:], method
+    info = _infos()[name]
+    options = {**info.options, "momentum": 0.9}
+    params = [torch.ones(2, 3), torch.ones(4)]
+    states = update.init_states(params, options)
+    assert tuple(states) == info.state_names(options)
+    for values in states.values():
+        assert [(v.shape, v.dtype) for v in values] == [(p.shape, torch.float32) for p in params]
+        assert all(not v.any() for v in values)
 
 
 def test_adamw_skips_no_decay_tags() -> None:

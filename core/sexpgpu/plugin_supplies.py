@@ -1,0 +1,312 @@
+"""What plugins supply, in one table: per hook, the names two plugins must not both
+supply (a conflict) and how one descriptor is described by ``sexpgpu plugins``.
+
+A conflict is never settled by load order. The contested thing is refused, with
+a one-line error (``E-PLUGIN-001``) naming every plugin that supplies it and how
+to disable all but one; everything else those plugins supply keeps working.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import traceback
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sexpgpu.errors import PluginError
+
+CONFLICT_CODE = "E-PLUGIN-001"
+DISABLE_PLUGINS = "SEXPGPU_DISABLE_PLUGINS"
+PROJECT_DISTRIBUTION = "sexpgpu"
+
+
+@dataclass(frozen=True)
+class SupplyKind:
+    """How the descriptors of one hook are keyed and described.
+
+    ``keys(info)`` gives the phrases naming what the descriptor claims
+    (``storage scheme 'file'``); two available plugins claiming one phrase
+    conflict. ``title(info)`` heads its line in ``sexpgpu plugins``;
+    ``describe(info)`` is its JSON object (always with ``doc``).
+    """
+
+    hook: str
+    singular: str
+    keys: Callable[[Any], tuple[str, ...]]
+    title: Callable[[Any], str]
+    describe: Callable[[Any], dict[str, Any]]
+
+
+def _doc(info: Any) -> str:
+    return str(getattr(info, "doc", "") or "")
+
+
+def _storage(info: Any) -> dict[str, Any]:
+    return {"schemes": list(info.schemes), "doc": _doc(info)}
+
+
+def _named(info: Any) -> dict[str, Any]:
+    return {"name": info.name, "doc": _doc(info)}
+
+
+def _with_options(info: Any) -> dict[str, Any]:
+    described = {"name": info.name, "options": dict(info.options), "doc": _doc(info)}
+    option_docs = dict(getattr(info, "option_docs", None) or {})
+    if option_docs:
+        described["option_docs"] = option_docs
+    return described
+
+
+def _kernel(info: Any) -> dict[str, Any]:
+    return {
+        "kind": info.kind,
+        "name": info.name,
+        "lowering": info.lowering,
+        "devices": list(info.devices),
+        "deterministic": bool(info.deterministic),
+        "priority": info.priority,
+        "doc": _doc(info),
+    }
+
+
+def _lowering(info: Any) -> dict[str, Any]:
+    return {"name": info.name, "devices": list(info.devices), "doc": _doc(info)}
+
+
+def _op(info: Any) -> dict[str, Any]:
+    implementations = getattr(info, "implementations", None) or {}
+    return {"name": info.name, "lowerings": sorted(implementations), "doc": _doc(info)}
+
+
+def _op_keys(info: Any) -> tuple[str, ...]:
+    from sexpgpu.lang.ops import BUILTINS
+
+    spec = getattr(info, "spec", None)
+    if spec is not None and BUILTINS.get(info.name) is spec:
+        # implementations of a built-in op: each lowering may have one, from one plugin
+        lowerings = sorted(getattr(info, "implementations", None) or {})
+        return tuple(f"{lowering} implementation of op '{info.name}'" for lowering in lowerings)
+    # a new op is called by its name and by every surface name its spec gives it
+    surfaces = getattr(spec, "surfaces", None) or ()
+    return tuple(dict.fromkeys(f"op '{name}'" for name in (info.name, *surfaces)))
+
+
+BUILT_IN = "<core>"
+"""The claimant named for the language's built-in ops in a conflict."""
+
+
+def _built_in_claims(hook: str) -> list[tuple[str, str, str]]:
+    """(key, claimant, where) for what the core itself supplies through ``hook``: a
+    plugin op named like a built-in one would never be called, so it is a conflict."""
+    if hook != "sexpgpu_ops":
+        return []
+    from sexpgpu.lang.ops import BUILTINS
+
+    names = {name for spec in BUILTINS.specs() for name in (spec.name, *spec.surfaces)}
+    return [(f"op '{name}'", BUILT_IN, f"{PROJECT_DISTRIBUTION} built-in") for name in names]
+
+
+SUPPLIES: dict[str, SupplyKind] = {
+    kind.hook: kind
+    for kind in (
+        SupplyKind(
+            "sexpgpu_lowerings",
+            "lowering",
+            lambda i: (
+                f"lowering '{i.name}'",
+                *(f"lowering for '{device}' devices" for device in i.devices),
+            ),
+            lambda i: i.name,
+            _lowering,
+        ),
+        SupplyKind(
+            "sexpgpu_kernels",
+            "kernel",
+            lambda i: (f"{i.kind} kernel '{i.name}' of the {i.lowering} lowering",),
+            lambda i: f"{i.kind}:{i.name}",
+            _kernel,
+        ),
+        SupplyKind("sexpgpu_ops", "op", _op_keys, lambda i: i.name, _op),
+        SupplyKind(
+            "sexpgpu_optimizers",
+            "optimizer",
+            lambda i: (f"optimizer '{i.name}'",),
+            lambda i: i.name,
+            _with_options,
+        ),
+        SupplyKind(
+            "sexpgpu_storage_backends",
+            "storage",
+            lambda i: tuple(f"storage scheme '{scheme}'" for scheme in i.schemes),
+            lambda i: ", ".join(f"{scheme}://" for scheme in i.schemes),
+            _storage,
+        ),
+        SupplyKind(
+            "sexpgpu_metrics_sinks",
+            "metrics sink",
+            lambda i: (f"metrics sink '{i.name}'",),
+            lambda i: i.name,
+            _named,
+        ),
+        SupplyKind(
+            "sexpgpu_data_sources",
+            "data source",
+            lambda i: (f"data source '{i.name}'",),
+            lambda i: i.name,
+            _with_options,
+        ),
+    )
+}
+"""Every hook that supplies descriptors, with its conflict keys and description.
+Commands (``sexpgpu_cli_commands``) are keyed by command name where they are added."""
+
+COMMANDS_HOOK = "sexpgpu_cli_commands"
+
+
+@dataclass(frozen=True)
+class Conflict:
+    """One thing supplied by more than one available plugin.
+
+    ``what`` names it (``storage scheme 'file'``); ``owners`` are the plugins
+    as (entry-point name, ``distribution version``), in load order.
+    """
+
+    hook: str
+    what: str
+    owners: tuple[tuple[str, str], ...]
+
+    @property
+    def plugins(self) -> list[str]:
+        """The entry-point names of the plugins in conflict."""
+        return [name for name, _ in self.owners]
+
+    def message(self, what: str | None = None) -> str:
+        """The one-line refusal, for ``what`` (default: the conflict's own phrase)."""
+        return conflict_message(what or f"the {self.what}", self.owners)
+
+    def error(self, what: str | None = None) -> PluginError:
+        """The :class:`PluginError` raised when the contested thing is used."""
+        return PluginError(self.message(what), code=CONFLICT_CODE)
+
+    def as_json(self) -> dict[str, Any]:
+        """The conflict as ``sexpgpu plugins --json`` prints it."""
+        return {"what": self.what, "hook": self.hook, "plugins": self.plugins}
+
+
+def conflict_message(what: str, owners: Sequence[tuple[str, str]]) -> str:
+    """``E-PLUGIN-001: <what> is supplied by more than one plugin: ...; disable ...``.
+
+    The suggestion keeps the project's own plugin when it is one of them (a
+    third party taking over a built-in is the usual case), else the first.
+    """
+    named = [f"'{name}' ({where})" for name, where in owners]
+    listed = ", ".join(named[:-1]) + f" and {named[-1]}"
+    keep = next(
+        (name for name, where in owners if where.split(" ")[0] == PROJECT_DISTRIBUTION),
+        owners[0][0],
+    )
+    others = ",".join(name for name, _ in owners if name != keep)
+    return (
+        f"{CONFLICT_CODE}: {what} is supplied by more than one plugin: {listed}; "
+        f"disable all but one, e.g. {DISABLE_PLUGINS}={others}"
+    )
+
+
+def find_conflicts(hook: str, claims: Iterable[tuple[Any, str, str]]) -> list[Conflict]:
+    """The conflicts among ``claims`` (descriptor, plugin name, ``dist version``) of ``hook``.
+
+    Claims of one plugin never conflict with each other; a hook without a row
+    in :data:`SUPPLIES` has none.
+    """
+    kind = SUPPLIES.get(hook)
+    if kind is None:
+        return []
+    owners: dict[str, dict[str, str]] = {}
+    for key, name, where in _built_in_claims(hook):
+        owners.setdefault(key, {})[name] = where
+    for info, name, where in claims:
+        for key in _keys(kind, info):
+            owners.setdefault(key, {}).setdefault(name, where)
+    return [
+        Conflict(hook, key, tuple(found.items())) for key, found in owners.items() if len(found) > 1
+    ]
+
+
+def contested_keys(hook: str, info: Any, conflicts: Iterable[Conflict]) -> list[Conflict]:
+    """The conflicts among ``conflicts`` that ``info`` (a descriptor of ``hook``) is part of."""
+    kind = SUPPLIES.get(hook)
+    keys = set(_keys(kind, info)) if kind else set()
+    return [c for c in conflicts if c.hook == hook and c.what in keys]
+
+
+def _keys(kind: SupplyKind, info: Any) -> tuple[str, ...]:
+    try:
+        return kind.keys(info)
+    except Exception:  # a malformed descriptor claims nothing; using it fails on its own
+        return ()
+
+
+def refusing(info: Any, conflict: Conflict) -> Any:
+    """A copy of descriptor ``info`` whose callables raise the conflict's error.
+
+    Handed out by ``Plugins.available`` in place of a contested descriptor, so
+    that a lowering choosing among kernels (or a run among optimizers) fails
+    with the conflict only if it actually uses the contested one.
+    """
+    if not dataclasses.is_dataclass(info) or isinstance(info, type):
+        return info
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise conflict.error()
+
+    changes: dict[str, Any] = {}
+    for spec in dataclasses.fields(info):
+        value = getattr(info, spec.name)
+        if callable(value):
+            changes[spec.name] = refuse
+        elif isinstance(value, Mapping) and value and all(callable(v) for v in value.values()):
+            changes[spec.name] = {key: refuse for key in value}
+    return dataclasses.replace(info, **changes)
+
+
+def describe(hook: str, info: Any) -> dict[str, Any] | None:
+    """The JSON description of one descriptor, or ``None`` when it cannot be described."""
+    kind = SUPPLIES.get(hook)
+    if kind is None:
+        return None
+    try:
+        described = {"title": kind.title(info), **kind.describe(info)}
+    except Exception:  # a malformed descriptor: listed as such, never a traceback
+        return {"title": repr(info)[:80], "doc": "(a malformed descriptor)"}
+    return described
+
+
+def nearest(name: str, known: Iterable[str]) -> str | None:
+    """The name in ``known`` closest to ``name``, if any is close."""
+    found = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
+    return found[0] if found else None
+
+
+def exception_text(exc: BaseException) -> str:
+    """An exception as one line that keeps every line of it and its causes.
+
+    Lines are joined with `` | ``; an explicit or implicit cause follows as
+    ``; caused by <Type>: <message>``.
+    """
+    parts = []
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        lines = [line.strip() for line in str(current).splitlines() if line.strip()]
+        parts.append(type(current).__name__ + (": " + " | ".join(lines) if lines else ""))
+        suppressed = current.__suppress_context__
+        current = current.__cause__ or (None if suppressed else current.__context__)
+    return "; caused by ".join(parts)
+
+
+def traceback_text(exc: BaseException) -> str:
+    """The formatted traceback of ``exc`` (for ``SEXPGPU_TRACE_PLUGINS``)."""
+    return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip()
