@@ -16,7 +16,11 @@ plugins are made after this runs, so they are never in the list.
 from __future__ import annotations
 
 import os
+import threading
+import time
 from importlib import metadata
+
+import pytest
 
 os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
 os.environ.setdefault("NO_GCE_CHECK", "True")
@@ -55,3 +59,24 @@ try:
         settings.load_profile("ci")
 except ImportError:  # the dev extra is not installed
     pass
+
+
+# A test that leaves a thread running (a sink's worker retrying for ever, a writer
+# never shut down) fails: the thread would go on doing work in later tests.
+_THREAD_GRACE = 5.0  # seconds a thread the test stopped gets to finish
+
+
+@pytest.fixture(autouse=True)
+def _no_thread_left_running():
+    """Fail a test that leaves a thread of its own running after a short join grace."""
+    before = set(threading.enumerate())
+    yield
+    deadline = time.monotonic() + _THREAD_GRACE
+    left = []
+    for thread in threading.enumerate():
+        if thread in before or thread is threading.current_thread():
+            continue
+        thread.join(max(0.0, deadline - time.monotonic()))
+        if thread.is_alive():
+            left.append(thread.name)
+    assert not left, f"the test left threads running: {', '.join(sorted(left))}"

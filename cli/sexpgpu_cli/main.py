@@ -1,20 +1,19 @@
-"""The root ``sexpgpu`` group: built-in commands load lazily, plugins add theirs.
+"""The ``sexpgpu`` console script: the signals are taken first, then everything else.
 
-Errors a user can cause (:class:`sexpgpu.errors.SexpError`) print one line and
-exit with their code; a `.sx` error line starts with file:line:col so editors
-can jump to it. Anything else is a bug and keeps its traceback.
+Before click, the plugins or torch are imported, SIGTERM, SIGINT and SIGHUP
+are taken (:mod:`sexpgpu.signals`), so a signal at any moment of a command gives
+one line and ``128 + n`` instead of a traceback or a silent death. As the
+console script (no ``argv``), they are kept until the process exits, so a
+command that has ended keeps its exit status whatever arrives after; called
+from Python with ``argv``, the caller gets them back when the command returns.
+The click group itself is :mod:`sexpgpu_cli.group`.
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import sys
 
-import click
-
-from sexpgpu import __version__
-from sexpgpu.errors import SexpError, SourceError
+from sexpgpu.signals import Interrupted, StopWatch, watch_process
 
 # name -> "module:attribute"; imported only when the command runs or --help lists it
 BUILTIN_COMMANDS = {
@@ -26,123 +25,60 @@ BUILTIN_COMMANDS = {
 }
 
 
-class LazyGroup(click.Group):
-    """A click group whose built-in commands are imported on first use."""
-
-    invoked: str | None = None
-
-    def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted({*self.commands, *(n for n in BUILTIN_COMMANDS if _present(n))})
-
-    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        # A built-in name always means the built-in: plugins never replace one
-        # (Plugins.register_commands refuses them, this makes it hold regardless).
-        target = BUILTIN_COMMANDS.get(cmd_name)
-        if target is None:
-            return self.commands.get(cmd_name)
-        if not _present(cmd_name):
-            return None
-        if cmd_name not in _loaded:
-            module_name, attr = target.split(":")
-            _loaded[cmd_name] = getattr(importlib.import_module(module_name), attr)
-        return _loaded[cmd_name]
-
-    def resolve_command(self, ctx: click.Context, args: list[str]):
-        name, command, rest = super().resolve_command(ctx, args)
-        LazyGroup.invoked = name
-        return name, command, rest
-
-
-_loaded: dict[str, click.Command] = {}
-"""The built-in commands imported so far."""
-
-
-def _present(cmd_name: str) -> bool:
-    module_name = BUILTIN_COMMANDS[cmd_name].split(":")[0]
-    try:
-        return importlib.util.find_spec(module_name) is not None
-    except ModuleNotFoundError:
-        return False
-
-
-@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, "--version", prog_name="sexpgpu")
-@click.option(
-    "--log-format",
-    type=click.Choice(["auto", "console", "json"]),
-    default="auto",
-    envvar="SEXPGPU_LOG_FORMAT",
-    show_default=True,
-    help="Log lines for people (console), machines (json), or by terminal (auto).",
-)
-@click.option(
-    "--log-level",
-    type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),
-    default="info",
-    envvar="SEXPGPU_LOG_LEVEL",
-    show_default=True,
-    help="The least important log lines to show.",
-)
-def cli(log_format: str, log_level: str) -> None:
-    """Train neural networks described in .sx files, and never lose a run.
-
-    \b
-    Quick start:
-      sexpgpu check examples/tiny-lm.sx
-      sexpgpu run examples/tiny-lm.sx --checkpoint-dir ckpt --resume latest
-    """
-    from sexpgpu import log
-    from sexpgpu.plugins import get_plugins
-
-    log.configure(level=log_level, fmt=log_format)
-    get_plugins().log_warnings()
-
-
-def build_cli() -> click.Group:
-    """The root group with every available plugin's commands added (never over a
-    built-in one: such a plugin is listed unavailable by ``sexpgpu plugins``)."""
-    from sexpgpu.plugins import get_plugins
-
-    get_plugins().register_commands(cli, reserved=BUILTIN_COMMANDS)
-    return cli
-
-
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point."""
-    group = build_cli()
+    watch = watch_process()  # first thing: nothing heavy is imported yet
+    args = sys.argv[1:] if argv is None else list(argv)
     try:
-        group.main(args=argv, prog_name="sexpgpu", standalone_mode=False)
-    except click.exceptions.Abort as exc:
-        if isinstance(exc.__cause__, KeyboardInterrupt):
-            _interrupted_at_start_up()
-        click.echo("Aborted!", err=True)
-        sys.exit(1)
-    except click.ClickException as exc:
-        exc.show()
-        sys.exit(exc.exit_code)
-    except click.exceptions.Exit as exc:
-        sys.exit(exc.exit_code)
-    except SexpError as exc:
-        click.echo(error_line(exc), err=True)
-        sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
-        _interrupted_at_start_up()
-    except BrokenPipeError:
-        sys.exit(0)
+        watch.interrupt_if_stopping()
+        from sexpgpu_cli.group import invoke
+        from sexpgpu_cli.options import hoist_root_options
+
+        args = hoist_root_options(args)
+        code = invoke(args)
+    except Interrupted:
+        code = _interrupted_before_the_command_ended(watch, args)
+    except KeyboardInterrupt:  # raised by something else than our handler
+        watch.ended()
+        code = _report(args, "SIGINT", 2)
+    watch.ended()
+    if argv is None:  # the console script: the process is this command's to its end
+        watch.hold_until_exit()
+    else:  # called from Python: the caller gets its signals back
+        watch.uninstall()
+    if code not in (0, None):
+        sys.exit(code)
 
 
-def _interrupted_at_start_up() -> None:
-    """Ctrl-C before a command installed its own handling (during start-up)."""
-    command = LazyGroup.invoked
+def _interrupted_before_the_command_ended(watch: StopWatch, args: list[str]) -> int:
+    """A signal before the command could handle it: start-up, or a command without
+    its own handling. ``sexpgpu run`` says ``at step 0``: the run has read nothing."""
+    watch.ended()
+    name, signum = watch.settle()
+    return _report(args, name, signum)
+
+
+def _report(args: list[str], name: str, signum: int) -> int:
+    command = _command_name(args)
     prefix = f"sexpgpu {command}" if command else "sexpgpu"
     suffix = " at step 0" if command == "run" else ""
-    click.echo(f"{prefix}: interrupted by SIGINT{suffix}", err=True)
-    sys.exit(130)
+    sys.stderr.write(f"{prefix}: interrupted by {name}{suffix}\n")
+    sys.stderr.flush()
+    return 128 + signum
 
 
-def error_line(exc: SexpError) -> str:
-    """The one line printed for a user error: bare for `.sx` errors, else prefixed."""
-    if isinstance(exc, SourceError) and exc.pos is not None:
-        return str(exc)
-    command = LazyGroup.invoked
-    return f"sexpgpu {command}: {exc}" if command else f"sexpgpu: {exc}"
+def _command_name(args: list[str]) -> str | None:
+    """The command ``args`` names, as far as start-up has got (no import here)."""
+    group = sys.modules.get("sexpgpu_cli.group")
+    invoked = getattr(getattr(group, "LazyGroup", None), "invoked", None)
+    if invoked:
+        return invoked
+    takes_value = False
+    for token in args:
+        if takes_value:
+            takes_value = False
+        elif token in ("--log-format", "--log-level"):
+            takes_value = True
+        elif not token.startswith("-"):
+            return token if token in BUILTIN_COMMANDS else None
+    return None

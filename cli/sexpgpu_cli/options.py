@@ -14,3 +14,32 @@ def parse_sets(values: tuple[str, ...] | list[str]) -> dict[str, str]:
             raise UsageError(f"--set takes name=value, got '{item}'")
         sets[name.strip()] = value
     return sets
+
+
+ROOT_OPTIONS = ("--log-format", "--log-level")
+"""Options of the root group that are also accepted after the command."""
+
+
+def hoist_root_options(args: list[str]) -> list[str]:
+    """Move ``--log-format``/``--log-level`` (with their values) to the front, so
+    ``sexpgpu run X --log-format json`` means ``sexpgpu --log-format json run X``.
+
+    Their order among themselves is kept (the last one wins, as click has it);
+    nothing after ``--`` moves.
+    """
+    front: list[str] = []
+    rest: list[str] = []
+    index = 0
+    while index < len(args):
+        token = args[index]
+        if token == "--":
+            rest.extend(args[index:])
+            break
+        if token.split("=", 1)[0] in ROOT_OPTIONS:
+            width = 1 if "=" in token else 2
+            front.extend(args[index : index + width])
+            index += width
+            continue
+        rest.append(token)
+        index += 1
+    return front + rest

@@ -31,9 +31,28 @@ PUBLIC_API: Mapping[str, tuple[str, ...] | None] = {
     "sexpgpu.graph": None,
     "sexpgpu.storage": None,
     "sexpgpu.kernels": None,
+    "sexpgpu.cpu_choices": None,
     "sexpgpu.lang.ops": None,
-    "sexpgpu.checkpoint": ("layout_tensors",),
+    "sexpgpu.checkpoint": (
+        "layout_tensors",
+        # reading a checkpoint as a resume does, less (sexpgpu evaluate)
+        "EXPERIMENT_FILE",
+        "check_position",
+        "compare_for_resume",
+        "compare_loads",
+        "load_checkpoint",
+        "location_of",
+        "open_checkpoint",
+        "parse_step_key",
+        "read_experiment",
+    ),
     "sexpgpu.log": None,
+    # what a run is made of, for a plugin that builds one's parts itself (sexpgpu evaluate)
+    "sexpgpu.lang": ("compile_file",),
+    "sexpgpu.loading": ("Loads",),
+    "sexpgpu.metrics": ("MetricsStream", "open_sinks"),
+    "sexpgpu.run": ("DEFAULT_METRICS_DIR", "eval_runner", "lower_program", "open_data"),
+    "sexpgpu.signals": ("StopWatch", "process_watch"),
 }
 """The core modules a plugin may import, each with the names it may take from it
 (``None``: every name not starting with ``_``). Anything else in the core may change
@@ -77,6 +96,13 @@ class Trainer(Protocol):
     def init_params(self) -> None:
         """Initialise every parameter from the run's seed (``(seed, "init", path)``)."""
 
+    def set_params(self, params: Mapping[str, np.ndarray]) -> None:
+        """Replace the named parameters by value (f32 arrays, cast to each parameter's
+        dtype): the core reads ``:load`` parameters from their files and gives them
+        here, after ``init_params`` on a fresh start and after ``restore`` (for the
+        frozen ones, which a checkpoint does not hold) on a resume. The arrays are
+        handed over: a trainer may keep a writable one instead of copying it."""
+
     def propose(self, batch: Mapping[str, np.ndarray], *, stage: int, step: int, lr: float) -> Any:
         """Forward, backward and optimizer update for one batch of ``stage``, into new tensors.
 
@@ -94,14 +120,15 @@ class Trainer(Protocol):
 
     def export(self, *, reuse: bool = False) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         """Host copies of (parameters by path, current stage's states by ``path/state``),
-        ``bf16`` as ``f32``; safe to write while training goes on. With ``reuse`` the
+        ``bf16`` as ``f32``, leaving out frozen ``:load`` parameters; safe to write while training goes on. With ``reuse`` the
         trainer may overwrite and hand back the previous export's arrays (the caller
         is done with them), which saves allocating a model's worth per checkpoint."""
 
     def restore(
         self, params: Mapping[str, np.ndarray], states: Mapping[str, np.ndarray], *, stage: int
     ) -> None:
-        """Take parameters and ``stage``'s optimizer states back from a checkpoint."""
+        """Take parameters and ``stage``'s optimizer states back from a checkpoint;
+        ``params`` lacks the frozen ``:load`` ones (given by ``set_params``)."""
 
     def evaluate(self, pass_name: str, batch: Mapping[str, np.ndarray]) -> dict[str, float]:
         """Run an eval pass's graph on one batch (no dropout, no gradients); each metric's value."""
@@ -335,7 +362,12 @@ class Storage(Protocol):
         """The whole object at ``key``."""
 
     def read_range(self, key: str, start: int, length: int) -> bytes:
-        """``length`` bytes of ``key`` from ``start`` (fewer at the end of the object)."""
+        """``length`` bytes of ``key`` from ``start`` (fewer at the end of the object).
+
+        ``:load`` reads a safetensors header and each tensor with one call each. A
+        backend may also offer ``read_range_into(key, start, buffer) -> int``, filling
+        a writable buffer and returning the bytes read, which spares a copy of every
+        tensor (the local backend does); it is optional and looked up by name."""
 
     def write(self, key: str, data: bytes | memoryview) -> None:
         """Store ``data`` at ``key`` durably, all or nothing."""
@@ -408,7 +440,10 @@ class DataSourceInfo:
     returns the batch's fields and their types without loading any data (it may
     read a file's header). ``factory(options, seq, batch, seed)`` opens a
     :class:`DataLoader`. ``counts`` says which field's elements count as
-    ``tokens`` (``records`` is always the batch size).
+    ``tokens`` (``records`` is always the batch size). ``path_options`` are the
+    options that name files: the compiler makes a relative one relative to the
+    `.sx` file that writes it, as ``include`` and ``:load`` are, before
+    ``fields`` and ``factory`` see it.
     """
 
     name: str
@@ -418,3 +453,56 @@ class DataSourceInfo:
     tokens_field: str | None = "inputs"
     doc: str = ""
     option_docs: Mapping[str, str] = field(default_factory=dict)
+    path_options: tuple[str, ...] = ()
+
+
+# ---------------------------------------------------------------- evaluation
+
+
+@dataclass(frozen=True)
+class EvalMetricInfo:
+    """A named eval metric that ``(eval ... :metrics (NAME ...))`` may list.
+
+    ``expression`` is `.sx` text computing one scalar per batch, over the names
+    ``logits`` (the model applied to the batch's ``inputs``), ``targets`` (the
+    batch's field) and ``loss`` (the run's ``:loss`` on the batch); it may call
+    any op, a plugin's included. The pass averages the per-batch values over its
+    batches, then ``finish`` (``None``: the mean itself) turns the mean into the
+    reported number on the host (``perplexity`` is ``exp`` of the mean ``loss``).
+    """
+
+    name: str
+    expression: str
+    finish: Callable[[float], float] | None = None
+    doc: str = ""
+
+
+class Evaluator(Protocol):
+    """Runs eval passes on a live trainer: what a run and ``sexpgpu evaluate`` both call,
+    so a pass gives the same numbers in either."""
+
+    def run_pass(
+        self,
+        eval_pass: Any,
+        trainer: Trainer,
+        *,
+        seed: int,
+        open_data: Callable[[Any, int], DataLoader],
+        stopping: Callable[[], bool],
+    ) -> dict[str, float] | None:
+        """Run ``eval_pass`` (a :class:`sexpgpu.graph.EvalPass`) over its batches.
+
+        ``open_data(data_decl, seed)`` opens a loader; ``seed`` is the run's.
+        Returns each metric's number, or ``None`` when ``stopping()`` became true
+        before a batch (a signal): the pass then reports nothing.
+        """
+
+
+@dataclass(frozen=True)
+class EvaluatorInfo:
+    """The eval-pass runner: ``factory(metrics)`` builds an :class:`Evaluator` given
+    every available :class:`EvalMetricInfo` by name. One plugin supplies it."""
+
+    name: str
+    factory: Callable[[Mapping[str, EvalMetricInfo]], Evaluator]
+    doc: str = ""

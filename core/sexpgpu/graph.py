@@ -205,6 +205,8 @@ class RunSettings:
     counters: tuple[str, ...]
     guard_finite: bool
     deterministic: bool = True
+    keep_last: int | None = None
+    """``:keep-last N``: complete checkpoints kept at the location (``None``: all)."""
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,8 @@ if TYPE_CHECKING:
 
     from sexpgpu.extension import (
         DataSourceInfo,
+        EvalMetricInfo,
+        EvaluatorInfo,
         KernelInfo,
         LoweringInfo,
         MetricsSinkInfo,
@@ -105,6 +107,29 @@ def sexpgpu_ops() -> list[OpInfo]:
     when a `.sx` file is compiled (the spec) and when a lowering builds a
     program that uses the op (the implementation). Built-in ops are supplied
     the same way.
+    """
+
+
+@hookspec
+def sexpgpu_evaluators() -> list[EvaluatorInfo]:
+    """Supply the eval-pass runner that runs a ``defrun``'s ``:evals``.
+
+    Receives nothing. Returns a list of :class:`sexpgpu.extension.EvaluatorInfo`
+    (one at most across plugins: two are a conflict). Called when a `.sx` file
+    with ``:evals`` is compiled (to check that passes can run) and when a run or
+    ``sexpgpu evaluate`` reaches a pass's step.
+    """
+
+
+@hookspec
+def sexpgpu_eval_metrics() -> list[EvalMetricInfo]:
+    """Supply named eval metrics that ``(eval ... :metrics (...))`` may list.
+
+    Receives nothing. Returns a list of :class:`sexpgpu.extension.EvalMetricInfo`
+    (a name, a `.sx` expression over ``logits``, ``targets`` and ``loss`` giving
+    one scalar per batch, and how the mean over the pass's batches becomes the
+    number). Called when a `.sx` file with ``:evals`` is compiled and when a
+    pass reports its numbers.
     """
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import re
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -38,11 +39,47 @@ def _mask_secrets(logger: Any, method: str, event: dict[str, Any]) -> dict[str, 
     return event
 
 
+_redirect: Callable[[str], None] | None = None
+
+
+def redirect(write: Callable[[str], None] | None) -> None:
+    """Send each log line (without its newline) to ``write`` instead of stderr, so a
+    terminal progress display prints it above itself; ``None`` sends lines back."""
+    global _redirect
+    _redirect = write
+
+
+class _Stderr:
+    """The current ``sys.stderr``, or the :func:`redirect` target, line by line."""
+
+    def __init__(self) -> None:
+        self._partial = ""
+
+    def write(self, text: str) -> int:
+        target = _redirect
+        if target is None:
+            return sys.stderr.write(text)
+        # print() writes the message and its newline apart: hand over whole lines.
+        lines = (self._partial + text).split("\n")
+        self._partial = lines.pop()
+        for line in lines:
+            target(line)
+        return len(text)
+
+    def flush(self) -> None:
+        if _redirect is None:
+            sys.stderr.flush()
+
+    def isatty(self) -> bool:
+        return sys.stderr.isatty()
+
+
 def configure(level: str = "info", fmt: str = "auto", stream: Any = None) -> None:
     """Set up structlog once per process: ``fmt`` is ``console``, ``json`` or ``auto``
-    (console on a terminal, JSON otherwise)."""
+    (console on a terminal, JSON otherwise). Without ``stream`` lines go to the
+    current ``sys.stderr``."""
     global _configured
-    stream = stream or sys.stderr
+    stream = stream or _Stderr()
     if fmt == "auto":
         fmt = "console" if stream.isatty() else "json"
     renderer: Any

@@ -214,7 +214,7 @@ class MetricsStream:
 
     The producer methods (:meth:`point`, :meth:`annotation`, :meth:`done`) only
     build an event and append it to each sink's queue: they never wait for a
-    sink. ``max_batch`` bounds one ``write`` call; ``linger`` is how long a
+    sink, and they may be called from any thread. ``max_batch`` bounds one ``write`` call; ``linger`` is how long a
     sink's thread waits for more events before writing a batch (well under a
     second); ``backoff`` is the first and the longest pause between retries of a
     failing write.
@@ -250,20 +250,24 @@ class MetricsStream:
     # -- producing
 
     def _emit(self, event: dict[str, Any]) -> dict[str, Any]:
-        if self._closed:
-            from sexpgpu.log import get_logger
+        # The lock makes the producer methods safe from several threads (the step
+        # loop and the checkpoint writer): the count stays exact and no event
+        # slips in between close() deciding to drain and draining.
+        with self._close_lock:
+            if not self._closed:
+                self.emitted += 1
+                for worker in self._workers:
+                    worker.put(event)
+                return event
+        from sexpgpu.log import get_logger
 
-            # A late event (say from a `finally` after a signal) is dropped:
-            # raising here could turn a clean stop into a crash.
-            get_logger("sexpgpu.metrics").warning(
-                "metrics event after the stream was closed; dropped",
-                kind=event["kind"],
-                step=event["step"],
-            )
-            return event
-        self.emitted += 1
-        for worker in self._workers:
-            worker.put(event)
+        # A late event (say from a `finally` after a signal) is dropped:
+        # raising here could turn a clean stop into a crash.
+        get_logger("sexpgpu.metrics").warning(
+            "metrics event after the stream was closed; dropped",
+            kind=event["kind"],
+            step=event["step"],
+        )
         return event
 
     def _event(self, kind: str, step: int) -> dict[str, Any]:
@@ -275,13 +279,18 @@ class MetricsStream:
             "time": time.time(),
         }
 
-    def point(self, step: int, name: str, value: float) -> dict[str, Any]:
+    def point(self, step: int, name: str, value: float, /, **fields: Any) -> dict[str, Any]:
         """Queue a point: ``name`` (``loss``, ``eval/accuracy``, ``tokens``) had ``value`` at ``step``.
 
         Returns the event. ``value`` may be NaN or infinite; a sink decides how
-        to store it.
+        to store it. ``fields`` are JSON-able extras (``source="evaluate"``), never
+        one of :data:`RESERVED_KEYS`.
         """
+        clash = RESERVED_KEYS.intersection(fields)
+        if clash:
+            raise ValueError(f"point fields may not be named {sorted(clash)}")
         event = self._event("point", step)
+        event.update(fields)
         event["name"] = str(name)
         event["value"] = _number(value)
         return self._emit(event)

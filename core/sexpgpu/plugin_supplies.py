@@ -157,6 +157,21 @@ SUPPLIES: dict[str, SupplyKind] = {
             lambda i: i.name,
             _with_options,
         ),
+        SupplyKind(
+            "sexpgpu_evaluators",
+            "evaluator",
+            # one runner serves every pass: any two plugins supplying one conflict
+            lambda i: ("eval-pass runner",),
+            lambda i: i.name,
+            _named,
+        ),
+        SupplyKind(
+            "sexpgpu_eval_metrics",
+            "eval metric",
+            lambda i: (f"eval metric '{i.name}'",),
+            lambda i: i.name,
+            _named,
+        ),
     )
 }
 """Every hook that supplies descriptors, with its conflict keys and description.

@@ -4,21 +4,20 @@ Read it top to bottom: :func:`run` sets a run up and hands it to
 :class:`Run`, whose :meth:`Run.train` is the step loop. A step takes a batch,
 lets the trainer propose new parameters and states, checks the proposal when
 the finite guard is on, and commits it; counters and the step number advance
-only on commit. Checkpoints are snapshotted in the loop and written by a
-background thread, so the loop is blocked only for the host copy.
+only on commit. Checkpoints go to a :class:`~sexpgpu.checkpointer.Checkpointer`
+(snapshot in the loop, write and report in the background, retention), and
+what a person sees to a :class:`~sexpgpu.reporting.Reporter`.
 """
 
 from __future__ import annotations
 
 import os
-import sys
-import time
 import traceback
 from collections.abc import Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from sexpgpu.cpu_choices import pins_for
 from sexpgpu.errors import (
     CheckpointError,
     PluginError,
@@ -27,12 +26,13 @@ from sexpgpu.errors import (
     StorageError,
     UsageError,
 )
-from sexpgpu.extension import DataLoader, DataSourceInfo, OptimizerInfo, Trainer
+from sexpgpu.extension import DataLoader, DataSourceInfo, Evaluator, OptimizerInfo, Trainer
 from sexpgpu.graph import DataDecl, Program
 from sexpgpu.log import get_logger
 from sexpgpu.plugins import get_plugins
+from sexpgpu.reporting import DEFAULT_LOG_EVERY, LogEvery, Reporter
 from sexpgpu.schedule import lr_at
-from sexpgpu.signals import Interrupted, StopWatch
+from sexpgpu.signals import Interrupted, StopWatch, process_watch
 
 DEFAULT_METRICS_DIR = "./sexpgpu-runs"
 
@@ -51,7 +51,13 @@ class RunOptions:
     checkpoint_dir: str | None = None
     resume: str | None = None
     fresh_choices: bool = False
+    threads: int | None = None
+    """``--threads``: the CPU's intra-op thread count (pinned as ``cpu.threads``)."""
     progress: bool = False
+    keep_last: int | None = None
+    """``--keep-last``: wins over the file's ``:keep-last``."""
+    log_every: str = DEFAULT_LOG_EVERY
+    """``--log-every``: how often a step line is logged off a terminal."""
 
 
 @dataclass
@@ -64,22 +70,34 @@ class RunOutcome:
 
 
 def run(options: RunOptions) -> RunOutcome:
-    """Run a `.sx` file as ``sexpgpu run`` does; signals are handled while it runs."""
-    watch = StopWatch()
-    watch.install()
+    """Run a `.sx` file as ``sexpgpu run`` does; signals are handled while it runs.
+
+    Under the ``sexpgpu`` command the process's watch, installed at start-up and
+    kept until exit, is used; called as a library, the run takes the signals
+    itself and gives them back when it returns.
+    """
+    watch = process_watch()
+    owned = watch is None
+    if watch is None:
+        watch = StopWatch()
     try:
         active = Run()
         try:
+            if owned:
+                watch.install()
+                watch.interrupt_if_stopping()
             active.set_up(options, watch)
-        except Interrupted as stop:
-            # Nothing to save yet: the step is the one the run would have started from.
+        except Interrupted:
+            # Nothing to save yet. The step is the one the run would start from:
+            # 0 until the checkpoint it resumes from has been read.
             step = getattr(active, "step", 0)
-            return RunOutcome(
-                128 + stop.signum, f"interrupted by {stop.args[0]} at step {step}", step
-            )
+            name, signum = watch.settle()
+            return RunOutcome(128 + signum, f"interrupted by {name} at step {step}", step)
         return active.train()
     finally:
-        watch.uninstall()
+        watch.ended()  # the outcome is decided: no later signal changes it
+        if owned:
+            watch.uninstall()
 
 
 def lower_program(
@@ -107,6 +125,15 @@ def open_data(decl: DataDecl, seed: int) -> tuple[DataSourceInfo, DataLoader]:
         "sexpgpu_data_sources", f"the data source '{decl.source}'", lambda i: i.name == decl.source
     )
     return info, info.factory(decl.options, decl.seq, decl.batch, seed)
+
+
+def eval_runner() -> Evaluator:
+    """The eval-pass runner an available plugin supplies, given every available eval
+    metric: what a run calls at a pass's steps, and ``sexpgpu evaluate`` too."""
+    plugins = get_plugins()
+    info = plugins.require("sexpgpu_evaluators", "eval passes (:evals)", lambda item: True)
+    metrics = {metric.name: metric for metric in plugins.available("sexpgpu_eval_metrics")}
+    return info.factory(metrics)
 
 
 def _optimizers() -> dict[str, OptimizerInfo]:
@@ -140,6 +167,8 @@ class Run:
 
     def __init__(self) -> None:
         self.log = get_logger("sexpgpu.run")
+        self.already_finished: str | None = None
+        """Set when the checkpoint resumed from is past the last step: nothing to do."""
 
     # ------------------------------------------------------------------ setup
 
@@ -148,52 +177,42 @@ class Run:
         lower and open data and metrics. Raises a SexpError for anything wrong."""
         from sexpgpu import checkpoint as ckpt
         from sexpgpu.lang import compile_file
-        from sexpgpu.metrics import MetricsStream, new_slug, open_sinks
-        from sexpgpu.status import StatusFile
-        from sexpgpu.storage import open_location
 
         self.options = options
         self.watch = watch
-        # The checkpoint location is proved listable and writable before anything
-        # else, so a run never finds out hours in that it cannot write.
-        self.storage = None
-        if options.checkpoint_dir:
-            self.storage = open_location(options.checkpoint_dir)
-            self.storage.check_writable()
+        self.every = LogEvery.parse(options.log_every)
+        self._open_location(options)
         self.log.info("compiling", file=options.file)
         program = compile_file(
             options.file, sets=dict(options.sets), variant=options.variant, steps=options.steps
         )
         self.program = program
-        for param in program.params:
-            if param.load is not None or param.root != "model":
-                raise UsageError(
-                    f"{param.pos}: {param.path}: parameters read with :load and second roots "
-                    "(with-loaded) are compiled but cannot be trained yet"
-                )
+        # :load files: headers checked before anything is lowered or written; their
+        # identities (a local file's sha256) are read meanwhile, the tensors once lowered.
+        from sexpgpu.loading import Loads
+
+        self.loads = Loads.of(program)
+        self.loads.check()
+        self.loads.prefetch_identities()
 
         resumed = None
         if options.resume:
             found = ckpt.resolve_resume(options.resume, options.checkpoint_dir)
             if found is not None:
                 source_storage, key = found
-                resumed = ckpt.load_checkpoint(source_storage, key, with_states=True)
+                resumed = ckpt.load_for_resume(
+                    source_storage, key, program, latest=options.resume.strip() == "latest"
+                )
                 self.resumed_from = ckpt.location_of(source_storage, key)
         self.resumed = resumed
 
         self.optimizers = _optimizers()
         state = resumed.state if resumed else None
-        self.step = int(state["step"]) if state else 0
-        self.stage = int(state["stage"]) if state else 0
-        self.records = int(state["records"]) if state else 0
-        self.evals_pending: list[str] = list(state.get("evals_pending", [])) if state else []
-        self.counters = {name: 0 for name in program.run.counters}
-        if state:
-            self.counters.update({k: int(v) for k, v in state.get("counters", {}).items()})
+        self._take_state(state or {})
         self.devices, self.nodes = 1, 1
 
         moved: list[str] = []
-        pinned = None
+        pinned = pins_for(None, fresh=False, threads=options.threads)
         if resumed:
             moved = ckpt.compare_for_resume(
                 resumed.experiment,
@@ -202,18 +221,36 @@ class Run:
                 nodes=self.nodes,
                 state_names=state_names_for(program, self.stage, self.optimizers),
             )
-            if not options.fresh_choices:
-                pinned = dict(resumed.experiment.get("choices", {}))
+            pinned = pins_for(
+                resumed.experiment.get("choices", {}),
+                fresh=options.fresh_choices,
+                threads=options.threads,
+            )
+            if self.step >= program.steps and not self.evals_pending:
+                # A finished run started again changes nothing: no event, no status write.
+                self.already_finished = (
+                    f"finished: {self.resumed_from} is step {self.step} of {program.steps}; "
+                    "nothing to do"
+                )
+                return
 
         self.trainer = lower_program(program, device=options.device, pinned=pinned)
         if resumed:
             self.trainer.restore(resumed.params, resumed.states, stage=self.stage)
+            # A checkpoint names its frozen :load parameters: read from their files again,
+            # which must be the bytes the checkpoint's run read (E-LOAD-001).
+            frozen = [p.path for p in program.params if p.load is not None and not p.trainable]
+            self.trainer.set_params(self.loads.read(frozen))
+            self.loaded = self.loads.identities()
+            moved += ckpt.compare_loads(resumed.experiment, self.loaded)
             old_choices = resumed.experiment.get("choices", {})
             for site, name in sorted(self.trainer.choices.items()):
                 if old_choices.get(site, name) != name:
                     moved.append(f"choice {site} {old_choices[site]} -> {name}")
         else:
             self.trainer.init_params()
+            self.trainer.set_params(self.loads.read())
+            self.loaded = self.loads.identities()
 
         # Data: one loader per stage, opened when the stage starts.
         self.loader = None
@@ -227,7 +264,41 @@ class Run:
         # From here on a signal stops the run at a step boundary instead of at once,
         # so the status file and the metrics stream always see how it ended.
         watch.loop_started()
-        # Metrics and status: a resumed run reports into the same experiment.
+        self._open_outputs(resumed, moved)
+
+    def _open_location(self, options: RunOptions) -> None:
+        """Open the checkpoint location, or warn once that nothing will be saved."""
+        from sexpgpu.storage import open_location
+
+        # The checkpoint location is proved listable and writable before anything
+        # else, so a run never finds out hours in that it cannot write.
+        self.storage = None
+        if options.checkpoint_dir:
+            self.storage = open_location(options.checkpoint_dir)
+            self.storage.check_writable()
+            return
+        self.log.warning(
+            "no checkpoint location: nothing will be saved, and a signal or a crash loses the run",
+            hint="--checkpoint-dir or SEXPGPU_CHECKPOINT_DIR",
+        )
+
+    def _take_state(self, state: Mapping[str, Any]) -> None:
+        """Where the run is: a checkpoint's ``state.json``, or ``{}`` for a fresh start."""
+        self.step = int(state.get("step", 0))
+        self.stage = int(state.get("stage", 0))
+        self.records = int(state.get("records", 0))
+        self.evals_pending: list[str] = list(state.get("evals_pending", []))
+        self.counters = {name: 0 for name in self.program.run.counters}
+        self.counters.update({k: int(v) for k, v in state.get("counters", {}).items()})
+
+    def _open_outputs(self, resumed: Any, moved: list[str]) -> None:
+        """Metrics, the status file and the checkpointer; a resumed run reports into
+        the same experiment."""
+        from sexpgpu.checkpointer import Checkpointer
+        from sexpgpu.metrics import MetricsStream, new_slug, open_sinks
+        from sexpgpu.status import StatusFile
+
+        options, program = self.options, self.program
         self.slug = resumed.experiment["slug"] if resumed else new_slug(_stem(options.file))
         self.run_dir = os.path.join(options.metrics_dir, self.slug)
         try:
@@ -242,10 +313,21 @@ class Run:
             experiment=self.slug,
         )
         self.status = StatusFile(os.path.join(self.run_dir, "status.json"))
-        self.last_checkpoint = self.resumed_from if resumed else None
-        self.status.update(
-            state="running", step=self.step, checkpoint=self.last_checkpoint, slug=self.slug
-        )
+        self.resumed_location = resumed_from = self.resumed_from if resumed else None
+        self.status.update(state="running", step=self.step, checkpoint=resumed_from, slug=self.slug)
+        self.checkpointer = None
+        if self.storage is not None:
+            keep = options.keep_last if options.keep_last is not None else program.run.keep_last
+            self.checkpointer = Checkpointer(
+                self.storage,
+                self.trainer,
+                metrics=self.metrics,
+                status=self.status,
+                keep_last=keep,
+                resumed_from=resumed_from,
+                # a checkpoint owing passes is written again once they have run
+                written_step=self.step if resumed and not self.evals_pending else None,
+            )
         if resumed:
             self.metrics.annotation(
                 self.step, "\n".join([f"resumed from {self.resumed_from}", *moved])
@@ -260,11 +342,13 @@ class Run:
             step=self.step,
             choices=dict(self.trainer.choices),
         )
-        self.progress = _Progress(0, enabled=False)
-        self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sexpgpu-checkpoint")
-        self.pending: Future | None = None
-        self.pending_step: int | None = None
-        self.written_step: int | None = self.step if resumed else None
+
+    @property
+    def last_checkpoint(self) -> str | None:
+        """The newest checkpoint stored (or resumed from), as its location."""
+        if self.checkpointer is not None:
+            return self.checkpointer.last
+        return self.resumed_location
 
     def _open_stage_loader(self, stage: int) -> None:
         decl = self.program.stages[stage].data
@@ -280,10 +364,21 @@ class Run:
 
     def train(self) -> RunOutcome:
         """The step loop, and how the run ends: finished, interrupted or failed."""
+        if self.already_finished is not None:
+            return RunOutcome(0, self.already_finished, self.step)
         program = self.program
         total = program.steps
-        progress = self.progress = _Progress(total, enabled=self.options.progress)
+        self.reporter = Reporter(
+            total=total,
+            step=self.step,
+            every=self.every,
+            terminal=self.options.progress,
+            tokens=self.counters.get("tokens"),
+        )
         try:
+            # the eval plugin is asked before the first step, so a conflict or a missing
+            # plugin never surfaces hours in, at the first pass
+            self.evaluator = eval_runner() if program.evals else None
             if self.evals_pending:  # passes a signal stopped before they reported
                 self._evaluate(self.step, self.evals_pending)
             if self.watch.stopping:
@@ -299,41 +394,29 @@ class Run:
                 )
                 proposal = self.trainer.propose(batch, stage=stage, step=step, lr=lr)
                 if program.run.guard_finite:
-                    bad = self.trainer.find_non_finite(proposal)
-                    if bad is not None:
-                        kind, name, count = bad
-                        what = (
-                            f"proposed parameter of {name}"
-                            if kind == "parameter"
-                            else f"proposed state {name}"
-                        )
-                        raise RunError(
-                            f"the {what} has {count} values that are not finite; "
-                            "nothing was committed"
-                        )
+                    self._guard(proposal)
                 self.trainer.commit(proposal)
                 self.step, self.stage = step, stage
                 self._count(batch)
-                loss = float(proposal.loss)
-                self.metrics.point(step, "loss", loss)
-                self.metrics.point(step, "lr", lr)
-                for name, value in self.counters.items():
-                    self.metrics.point(step, name, value)
-                progress.update(step, loss, self.counters.get("tokens"))
-                self.status.progress(step)
+                self._report_step(step, float(proposal.loss), lr)
                 self._maybe_evaluate(step)
+                # A last step whose pass a signal stopped is no finished run: the
+                # pass stays pending in its checkpoint and the resume runs it.
+                ended = step == total and not self.evals_pending
                 every = program.run.checkpoint_every
                 if self.storage is not None and (step == total or (every and step % every == 0)):
-                    self._checkpoint(finished=step == total)
-                if self.watch.stopping and step < total:
+                    self._checkpoint(finished=ended)
+                if self.watch.stopping and not ended:
                     return self._interrupted()
+            if self.storage is not None and self.step == total:
+                # a resume that ran the last step's pending pass: its checkpoint again,
+                # finished and owing nothing (a step already written is not written again)
+                self._checkpoint(finished=True)
             self._wait_for_checkpoint()
-            progress.close()
             self.metrics.done(self.step)
             self._finish("finished")
             return RunOutcome(0, None, self.step)
         except SexpError as error:
-            progress.close()
             line = error.render()
             # An error in a step is named by that step; a checkpoint write that
             # failed names its own step.
@@ -341,13 +424,33 @@ class Run:
                 line = f"step {self.step + 1}: {line}"
             return self._failed(line, error)
         except Exception as error:  # a bug or an op failing at run time: one line, traceback kept
-            progress.close()
+            self.reporter.close()
             line = f"{type(error).__name__}: {error}".splitlines()[0]
             with open(os.path.join(self.run_dir, "traceback.txt"), "w") as f:
                 traceback.print_exc(file=f)
             return self._failed(
                 f"step {self.step + 1}: {line} (traceback in {self.run_dir}/traceback.txt)", error
             )
+
+    def _guard(self, proposal: Any) -> None:
+        """The finite guard: refuse a proposal with a value that is not finite."""
+        bad = self.trainer.find_non_finite(proposal)
+        if bad is not None:
+            kind, name, count = bad
+            what = (
+                f"proposed parameter of {name}" if kind == "parameter" else f"proposed state {name}"
+            )
+            raise RunError(
+                f"the {what} has {count} values that are not finite; nothing was committed"
+            )
+
+    def _report_step(self, step: int, loss: float, lr: float) -> None:
+        self.metrics.point(step, "loss", loss)
+        self.metrics.point(step, "lr", lr)
+        for name, value in self.counters.items():
+            self.metrics.point(step, name, value)
+        self.reporter.step(step, loss, lr, self.counters.get("tokens"))
+        self.status.progress(step)
 
     def _count(self, batch: Mapping[str, Any]) -> None:
         first = next(iter(batch.values()))
@@ -364,100 +467,66 @@ class Run:
             self._evaluate(step, due)
 
     def _evaluate(self, step: int, names: list[str]) -> None:
-        """Run the named passes; one a signal stops stays in ``evals_pending``."""
+        """Ask the eval plugin to run the named passes, as storage is asked to write;
+        one a signal stops reports nothing and stays in ``evals_pending``."""
         self.evals_pending = list(names)
+        assert self.evaluator is not None  # train() asked for it: the program has passes
         for eval_pass in [p for p in self.program.evals if p.name in names]:
-            # Eval data is its own stream, the same at every pass and on every resume.
-            _, loader = open_data(eval_pass.data, self.program.run.seed + 1)
-            totals: dict[str, float] = {}
-            for _ in range(max(1, eval_pass.batches)):
-                if self.watch.stopping:
-                    return  # a pass in flight stops at its next batch and reports nothing
-                for name, value in self.trainer.evaluate(
-                    eval_pass.name, loader.next_batch()
-                ).items():
-                    totals[name] = totals.get(name, 0.0) + value
-            for name, value in totals.items():
-                self.metrics.point(
-                    step, f"{eval_pass.name}/{name}", value / max(1, eval_pass.batches)
-                )
+            numbers = self.evaluator.run_pass(
+                eval_pass,
+                self.trainer,
+                seed=self.program.run.seed,
+                open_data=lambda decl, seed: open_data(decl, seed)[1],
+                stopping=lambda: self.watch.stopping,
+            )
+            if numbers is None:
+                return
+            for name, value in numbers.items():
+                self.metrics.point(step, f"{eval_pass.name}/{name}", value)
+            self.reporter.evaluated(step, eval_pass.name, numbers)
             self.evals_pending.remove(eval_pass.name)
 
     # ------------------------------------------------------------ checkpoints
 
     def _checkpoint(self, *, finished: bool) -> None:
-        """Snapshot now; write in the background (the previous write is waited for first)."""
+        """Checkpoint the current step (written and reported in the background)."""
         from sexpgpu import checkpoint as ckpt
 
-        if self.written_step == self.step:
-            return
-        self._wait_for_checkpoint()
-        started = time.perf_counter()
-        # The previous checkpoint's write has finished: its host arrays can be reused.
-        params, states = self.trainer.export(reuse=True)
-        blocked = time.perf_counter() - started
-        state = ckpt.state_record(
-            step=self.step,
-            stage=self.stage,
-            records=self.records,
-            counters=self.counters,
-            loader=self.loader.position() if self.loader is not None else None,
-            seed=self.program.run.seed,
-            evals_pending=self.evals_pending,
-        )
-        experiment = ckpt.experiment_record(
-            self.program,
-            choices=self.trainer.choices,
-            slug=self.slug,
-            devices=self.devices,
-            nodes=self.nodes,
-            finished=finished,
-            state_names=state_names_for(self.program, self.stage, self.optimizers),
-        )
-        step = self.step
-        self.written_step = step
-        self.pending_step = step
+        def state() -> dict[str, Any]:
+            return ckpt.state_record(
+                step=self.step,
+                stage=self.stage,
+                records=self.records,
+                counters=self.counters,
+                loader=self.loader.position() if self.loader is not None else None,
+                seed=self.program.run.seed,
+                evals_pending=self.evals_pending,
+            )
 
-        def write() -> tuple[str, float, float]:
-            key = ckpt.write_checkpoint(self.storage, step, params, states, state, experiment)
-            return key, time.perf_counter() - started, blocked
+        def experiment() -> dict[str, Any]:
+            return ckpt.experiment_record(
+                self.program,
+                choices=self.trainer.choices,
+                slug=self.slug,
+                devices=self.devices,
+                nodes=self.nodes,
+                finished=finished,
+                state_names=state_names_for(self.program, self.stage, self.optimizers),
+                loaded=self.loaded,
+            )
 
-        self.pending = self.writer.submit(write)
-        if finished:
-            self._wait_for_checkpoint()
+        assert self.checkpointer is not None
+        self.checkpointer.save(self.step, state=state, experiment=experiment, wait=finished)
 
     def _wait_for_checkpoint(self) -> None:
-        if self.pending is None:
-            return
-        pending, step = self.pending, self.pending_step
-        self.pending = None
-        try:
-            key, seconds, blocked = pending.result()
-        except SexpError:
-            self.written_step = None
-            raise
-        except Exception as error:
-            self.written_step = None
-            raise CheckpointError(
-                f"writing the checkpoint of step {step} failed: {error}"
-            ) from error
-        from sexpgpu.checkpoint import location_of
-
-        location = location_of(self.storage, key)
-        self.last_checkpoint = location
-        # seconds: first tensor leaving the device to the last byte stored (the spec);
-        # blocked: how long of that the step loop waited (the host copy).
-        self.metrics.annotation(
-            step, f"checkpoint {location}", seconds=round(seconds, 6), blocked=round(blocked, 6)
-        )
-        self.status.update(checkpoint=location, step=self.step)
-        self.progress.clear()
-        self.log.info("checkpoint", location=location, step=step, seconds=round(seconds, 3))
+        if self.checkpointer is not None:
+            self.checkpointer.wait()
 
     # ---------------------------------------------------------------- endings
 
     def _interrupted(self) -> RunOutcome:
-        name, signum = self.watch.name, int(self.watch.signum)
+        # The spec's order: the stop is named and reported, then its checkpoint written.
+        name, signum = self.watch.settle()
         self.metrics.annotation(self.step, f"interrupted by {name} at step {self.step}")
         if self.storage is not None and self.step > 0:
             self._checkpoint(finished=False)
@@ -475,6 +544,10 @@ class Run:
         return RunOutcome(1, line, self.step)
 
     def _finish(self, state: str, error: str | None = None) -> None:
+        """Write the last status, drain the metrics, stop the writer, log the summary."""
+        self.reporter.close()
+        if self.checkpointer is not None:
+            self.checkpointer.close()
         fields: dict[str, Any] = {
             "state": state,
             "step": self.step,
@@ -484,15 +557,17 @@ class Run:
             fields["error"] = error
         self.status.update(**fields)
         undelivered = self.metrics.close(timeout=30.0)
-        self.writer.shutdown(wait=True)
-        self.log.info(
-            f"run {state}",
-            step=self.step,
-            metrics=os.path.join(self.run_dir, "events.jsonl"),
-            status=os.path.join(self.run_dir, "status.json"),
-            checkpoint=self.last_checkpoint,
-            **({"undelivered_events": undelivered} if undelivered else {}),
-        )
+        summary: dict[str, Any] = {
+            "checkpoint": self.last_checkpoint,
+            "metrics": os.path.join(self.run_dir, "events.jsonl"),
+            "status": os.path.join(self.run_dir, "status.json"),
+        }
+        if undelivered:
+            # A metrics folder that filled up or went away mid-run: said at the end too.
+            summary["undelivered_events"] = undelivered
+            summary["undelivered_by_sink"] = dict(self.metrics.undelivered_by_sink)
+        self.watch.ended()  # from `run <state>` on, no signal changes the outcome
+        self.reporter.summary(state, self.step, **summary)
 
 
 def _stem(path: str) -> str:
@@ -505,50 +580,3 @@ def _numel(shape: tuple[int, ...]) -> int:
     for size in shape:
         total *= size
     return total
-
-
-class _Progress:
-    """A progress line on a terminal (step/total, loss, tokens/s, ETA); nothing otherwise."""
-
-    def __init__(self, total: int, *, enabled: bool):
-        self.enabled = enabled and sys.stderr.isatty()
-        self.total = total
-        self.started = time.perf_counter()
-        self.first_step: int | None = None
-        self.first_tokens = 0
-        self.last_draw = 0.0
-
-    def update(self, step: int, loss: float, tokens: int | None) -> None:
-        if not self.enabled:
-            return
-        now = time.perf_counter()
-        if self.first_step is None:
-            self.first_step, self.first_tokens, self.started = step, tokens or 0, now
-            return
-        if now - self.last_draw < 0.1 and step != self.total:
-            return
-        self.last_draw = now
-        elapsed = max(now - self.started, 1e-9)
-        per_step = elapsed / max(1, step - self.first_step)
-        eta = per_step * (self.total - step)
-        rate = (
-            f"  {((tokens or 0) - self.first_tokens) / elapsed:,.0f} tok/s"
-            if tokens is not None
-            else ""
-        )
-        # \x1b[K clears what a longer line before it left behind.
-        sys.stderr.write(
-            f"\rstep {step}/{self.total}  loss {loss:.4f}{rate}  ETA {eta:,.0f}s\x1b[K"
-        )
-        sys.stderr.flush()
-
-    def clear(self) -> None:
-        """Clear the line so that a log line can take its place; the next update redraws."""
-        if self.enabled and self.first_step is not None:
-            sys.stderr.write("\r\x1b[K")
-            sys.stderr.flush()
-
-    def close(self) -> None:
-        if self.enabled and self.first_step is not None:
-            sys.stderr.write("\n")
-            sys.stderr.flush()

@@ -1,25 +1,50 @@
-"""Stopping a run at a step boundary on SIGTERM, SIGINT or SIGHUP.
+"""Stopping a run on SIGTERM, SIGINT or SIGHUP, at any moment of the process.
 
-Until the step loop starts there is nothing to save, so the first signal
-interrupts at once (a long compile or data load exits promptly). Once the
-loop runs, the first signal only raises a flag that the loop reads at the next
-step boundary. A second SIGTERM or SIGINT ends the process at once; a SIGHUP
-never does, because a machine shutting down sends SIGTERM and SIGHUP together.
+A :class:`StopWatch` takes the three signals. Until the step loop starts
+there is nothing to save, so the first signal interrupts at once: it raises
+:class:`Interrupted` in the main thread (a long compile or data load exits
+promptly). Once the loop runs, the first signal only asks the loop to stop at
+the next step boundary. A second SIGTERM or SIGINT ends the process at once
+(``os._exit``, nothing more written); a SIGHUP never does, because a machine
+shutting down sends SIGTERM and SIGHUP together, and that pair, in either
+order, is one stop named by the SIGTERM. Once the outcome is decided
+(:meth:`StopWatch.ended`), no signal changes it.
+
+Why a pipe and a thread: Python runs a signal's handler only between two
+bytecodes of the main thread, and runs it once however many times the signal
+came meanwhile, so two SIGTERMs inside one long torch call would look like one.
+The interpreter's C-level handler writes one byte per delivery to the
+``signal.set_wakeup_fd`` pipe as the signal arrives; a watcher thread reads
+those bytes, so every delivery is counted, and the second one ends the process
+even while the main thread is still inside that call (torch releases the GIL).
+
+The ``sexpgpu`` console script installs one watch first thing
+(:func:`watch_process`), before any heavy import, and keeps it until the
+process exits (:meth:`StopWatch.hold_until_exit`); ``sexpgpu.run.run`` uses that
+one, or installs its own for the run's duration when called as a library.
+This module imports only the standard library, so that installing is quick.
 """
 
 from __future__ import annotations
 
 import os
+import select
 import signal
 import threading
+import time
 from types import FrameType
 
+__all__ = ["HANDLED", "Interrupted", "StopWatch", "process_watch", "watch_process"]
+
 HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+"""The signals that stop a run."""
 _FATAL_ON_SECOND = (signal.SIGTERM, signal.SIGINT)
+PAIR_GRACE = 0.25
+"""Seconds a stop caused by a SIGHUP alone waits for a SIGTERM sent together with it."""
 
 
 class Interrupted(BaseException):
-    """Raised during setup when a signal arrives before the first step.
+    """Raised in the main thread when a signal arrives before the first step.
 
     A BaseException so that no ``except Exception`` in library code swallows it.
     """
@@ -30,61 +55,228 @@ class Interrupted(BaseException):
 
 
 class StopWatch:
-    """Holds the first stopping signal received and decides what later ones do."""
+    """Holds the signals received and decides what each one does."""
 
     def __init__(self) -> None:
-        self.signum: int | None = None
         self.raise_now = True
+        self._first_fatal: int | None = None  # the first SIGTERM/SIGINT noticed
+        self._hup = False
+        self._fatal_seen = threading.Event()  # a SIGTERM or SIGINT has been noted
+        self._settled: int | None = None
+        self._fatal_deliveries = 0  # counted from the pipe: one byte per delivery
+        self._raised = False
+        self._armed = False  # no raise while install() itself runs
+        self._ended = False
         self._previous: dict[int, object] = {}
-        self._terminating = False
-        self._lock = threading.Lock()
+        self._previous_wakeup = -1
+        self._fds: tuple[int, ...] = ()
+        self._thread: threading.Thread | None = None
+        # Re-entrant: the main thread's handler may run while that thread holds it.
+        self._lock = threading.RLock()
+
+    # ----------------------------------------------------------------- state
+
+    @property
+    def signum(self) -> int | None:
+        """The stop's signal: a SIGTERM or SIGINT over a SIGHUP; ``None`` when none came."""
+        if self._settled is not None:
+            return self._settled
+        if self._first_fatal is not None:
+            return self._first_fatal
+        return signal.SIGHUP if self._hup else None
 
     @property
     def name(self) -> str | None:
-        """The first signal's name (``SIGTERM``), or ``None`` when none came."""
-        return signal.Signals(self.signum).name if self.signum is not None else None
+        """The stop's signal name (``SIGTERM``), or ``None`` when none came."""
+        signum = self.signum
+        return signal.Signals(signum).name if signum is not None else None
 
     @property
     def stopping(self) -> bool:
+        """Whether a stopping signal has arrived."""
         return self.signum is not None
 
-    def install(self) -> None:
-        """Take over the three signals (main thread only)."""
-        for signum in HANDLED:
-            self._previous[signum] = signal.signal(signum, self._handle)
+    def settle(self, grace: float = PAIR_GRACE) -> tuple[str, int]:
+        """The stop's signal name and number, fixed from now on (the stop reports it).
 
-    def uninstall(self) -> None:
-        """Give the signals back to whoever had them."""
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)  # type: ignore[arg-type]
-        self._previous.clear()
+        A SIGHUP alone waits up to ``grace`` seconds for the SIGTERM that a machine
+        shutting down sends with it, so that pair, in either order, is one stop
+        named SIGTERM. Fixed before the stop is reported and its checkpoint written
+        (the spec's order); a signal after that changes nothing.
+        """
+        deadline = time.monotonic() + grace
+        while True:
+            with self._lock:
+                signum = self.signum
+                if signum is None:
+                    raise RuntimeError("no stopping signal has arrived")
+                left = deadline - time.monotonic()
+                if signum != signal.SIGHUP or left <= 0:
+                    self._settled = signum
+                    return signal.Signals(signum).name, signum
+            self._fatal_seen.wait(left)
+
+    # ---------------------------------------------------------------- phases
 
     def loop_started(self) -> None:
         """From now on a first signal only asks the loop to stop at the next boundary."""
         self.raise_now = False
 
-    def _handle(self, signum: int, frame: FrameType | None) -> None:
+    def ended(self) -> None:
+        """The outcome is decided: from now on signals change nothing (and end nothing)."""
         with self._lock:
-            first = self.signum is None
-            if first:
-                self.signum = signum
-            elif (
-                self.signum == signal.SIGHUP
-                and signum in _FATAL_ON_SECOND
-                and not self._terminating
-            ):
-                # SIGTERM and SIGHUP together (a machine shutting down) arrive in
-                # either order; the stop is reported as the SIGTERM.
-                self.signum = signum
-            # Only a repeated SIGTERM/SIGINT is fatal: SIGTERM and SIGHUP arriving
-            # together, in either order, is one clean stop.
-            fatal = signum in _FATAL_ON_SECOND and self._terminating
+            self._ended = True
+
+    def hold_until_exit(self) -> None:
+        """Ignore the three signals for the rest of the process (the CLI, at its end).
+
+        Python gives the signals their default action back while it shuts down,
+        so a signal then would kill a process whose outcome is already decided.
+        """
+        global _process
+        self.ended()
+        for signum in HANDLED:
+            signal.signal(signum, signal.SIG_IGN)
+        if _process is self:
+            _process = None
+
+    # ---------------------------------------------------------- install/undo
+
+    def install(self) -> None:
+        """Take over the three signals (main thread only) and start counting deliveries."""
+        global _installed
+        if threading.current_thread() is not threading.main_thread():
+            raise ValueError("signals can only be taken in the main thread")
+        read_fd, write_fd = os.pipe()
+        stop_read, stop_write = os.pipe()
+        self._fds = (read_fd, write_fd, stop_read, stop_write)
+        for fd in (read_fd, write_fd):
+            os.set_blocking(fd, False)  # the interpreter needs a non-blocking wakeup fd
+        # The pipe and its reader first: a delivery is counted from the moment the
+        # handler is in place.
+        self._previous_wakeup = signal.set_wakeup_fd(write_fd)
+        _installed = self
+        self._thread = threading.Thread(
+            target=self._watch, args=(read_fd, stop_read), name="sexpgpu-signals", daemon=True
+        )
+        self._thread.start()
+        for signum in HANDLED:
+            self._previous[signum] = signal.signal(signum, self._handle)
+        self._armed = True
+
+    def interrupt_if_stopping(self) -> None:
+        """Raise :class:`Interrupted` now for a signal that came while installing."""
+        with self._lock:
+            due = self.stopping and self.raise_now and not self._raised and not self._ended
+            self._raised = self._raised or due
+        if due:
+            raise Interrupted(self.signum or signal.SIGTERM)
+
+    def uninstall(self) -> None:
+        """Give the signals back to whoever had them and stop counting."""
+        global _installed, _process
+        if self._fds:
+            signal.set_wakeup_fd(self._previous_wakeup)
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)  # type: ignore[arg-type]
+        self._previous.clear()
+        if self._fds:
+            os.write(self._fds[3], b"x")
+            if self._thread is not None:
+                self._thread.join()
+            for fd in self._fds:
+                os.close(fd)
+            self._fds, self._thread = (), None
+        if _installed is self:
+            _installed = None
+        if _process is self:
+            _process = None
+
+    def _forget_in_child(self) -> None:
+        # A forked child is not the run: its signals must neither reach this
+        # process's pipe (they would count as ours) nor be held back from it.
+        try:
+            signal.set_wakeup_fd(-1)
+            for signum, handler in self._previous.items():
+                signal.signal(signum, handler)  # type: ignore[arg-type]
+        except ValueError:  # forked from a thread the child does not count as its main one
+            pass
+        for fd in self._fds:
+            os.close(fd)
+        self._previous, self._fds, self._thread = {}, (), None
+
+    # -------------------------------------------------------------- handling
+
+    def _note(self, signum: int) -> None:
+        # Idempotent, so the handler and the watcher may both note one delivery.
+        if signum == signal.SIGHUP:
+            self._hup = True
+        elif self._first_fatal is None:
+            self._first_fatal = signum
+            self._fatal_seen.set()
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        """The Python-level handler: main thread, once per burst of deliveries."""
+        with self._lock:
+            if self._ended:
+                return
+            self._note(signum)
+            raise_now = self.raise_now and self._armed and not self._raised
+            self._raised = self._raised or raise_now
+        if raise_now:
+            raise Interrupted(self.signum or signum)
+
+    def _delivered(self, signum: int) -> None:
+        """One delivery, read from the pipe by the watcher thread."""
+        with self._lock:
+            if self._ended or signum not in HANDLED:
+                return
             if signum in _FATAL_ON_SECOND:
-                self._terminating = True
-        if fatal:
-            # Ends at once, without draining or writing anything more.
-            os._exit(128 + signum)
-        if not first:
-            return
-        if self.raise_now:
-            raise Interrupted(signum)
+                self._fatal_deliveries += 1
+                if self._fatal_deliveries > 1:
+                    # Ends at once, without draining or writing anything more.
+                    os._exit(128 + signum)
+            self._note(signum)
+
+    def _watch(self, read_fd: int, stop_fd: int) -> None:
+        while True:
+            ready, _, _ = select.select([read_fd, stop_fd], [], [])
+            if stop_fd in ready:
+                return
+            try:
+                data = os.read(read_fd, 256)
+            except BlockingIOError:
+                continue
+            for signum in data:
+                self._delivered(signum)
+
+
+_installed: StopWatch | None = None
+"""The watch whose handlers are in place, if any (what a forked child undoes)."""
+_process: StopWatch | None = None
+"""The watch the console script installed for the whole process, if any."""
+
+
+def watch_process() -> StopWatch:
+    """Install the process's watch (the console script, first thing); kept until exit."""
+    global _process
+    if _process is None:
+        watch = StopWatch()
+        watch.install()
+        _process = watch
+    return _process
+
+
+def process_watch() -> StopWatch | None:
+    """The watch :func:`watch_process` installed, or ``None`` (a library caller)."""
+    return _process
+
+
+def _after_fork_in_child() -> None:
+    global _installed, _process
+    if _installed is not None:
+        _installed._forget_in_child()
+    _installed = _process = None
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,8 @@ class StatusFile:
     :meth:`progress` records the step and writes at most once every
     ``min_interval`` seconds. A write that fails (a full disk) is logged and
     does not stop the run: the status file reports on a run, it is not the run.
+    Every method may be called from any thread (the checkpoint writer reports
+    a stored checkpoint while the step loop records steps).
     """
 
     def __init__(self, path: str | os.PathLike[str], *, min_interval: float = 1.0) -> None:
@@ -60,6 +63,8 @@ class StatusFile:
         self._last_write = float("-inf")
         self._dirty = False
         self._warned = False
+        # Re-entrant: update() and progress() hold it around _write().
+        self._lock = threading.RLock()
 
     def update(self, **fields: Any) -> bool:
         """Set ``fields`` and write the file now. Returns whether the write succeeded.
@@ -70,10 +75,16 @@ class StatusFile:
         as given; every value must be JSON-able. Raises :class:`ValueError` for
         an unknown state.
         """
-        state = fields.get("state", self.fields["state"])
-        if state not in STATES:
-            raise ValueError(f"unknown run state {state!r}; expected one of {', '.join(STATES)}")
+        if "state" in fields and fields["state"] not in STATES:
+            raise ValueError(
+                f"unknown run state {fields['state']!r}; expected one of {', '.join(STATES)}"
+            )
+        with self._lock:
+            return self._update(fields)
+
+    def _update(self, fields: dict[str, Any]) -> bool:
         self.fields.update(fields)
+        state = self.fields["state"]
         if state == "failed":
             error = self.fields.get("error") or "unknown error"
             self.fields["error"] = error
@@ -86,20 +97,23 @@ class StatusFile:
     def progress(self, step: int, **fields: Any) -> bool:
         """Record that the run is at ``step``; write only if the last write is at
         least ``min_interval`` seconds old. Returns whether it wrote."""
-        self.fields["step"] = int(step)
-        self.fields.update(fields)
-        self._dirty = True
-        if time.monotonic() - self._last_write < self.min_interval:
-            return False
-        return self._write()
+        with self._lock:
+            self.fields["step"] = int(step)
+            self.fields.update(fields)
+            self._dirty = True
+            if time.monotonic() - self._last_write < self.min_interval:
+                return False
+            return self._write()
 
     def flush(self) -> bool:
         """Write what :meth:`progress` held back, if anything. Returns whether it wrote."""
-        return self._write() if self._dirty else False
+        with self._lock:
+            return self._write() if self._dirty else False
 
     def _write(self) -> bool:
         self.fields["updated"] = time.time()
         data = json.dumps(self.fields, indent=1, sort_keys=False) + "\n"
+        # One temporary name per process is enough: writes are serialised by the lock.
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -15,11 +15,22 @@ NO_SUCH_LOCATION = "E-STORAGE-003"
 CANNOT_LIST = "E-STORAGE-004"
 WRITE_FAILED = "E-STORAGE-005"
 READ_FAILED = "E-STORAGE-006"
+NOT_A_FILE = "E-STORAGE-007"
 
 PROBE_PREFIX = ".sexpgpu-probe-"
 """Names of the objects ``check_writable`` writes and deletes; never listed as children."""
 
 _SCHEME = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
+
+
+# user:password@ (or a token@) in any URL of a message: the credentials are replaced.
+_CREDENTIALS_IN_URL = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s@]+@")
+
+
+def redact(text: str) -> str:
+    """``text`` with the credentials of every URL in it replaced by ``***``
+    (``http://user:secret@host`` -> ``http://***@host``), for messages, logs and metrics."""
+    return _CREDENTIALS_IN_URL.sub(r"\1***@", text)
 
 
 def scheme_of(uri: str) -> str:

@@ -87,7 +87,8 @@ def data_sources() -> list[DataSourceInfo]:
             fields=files.text_fields,
             factory=files.text_loader,
             doc="A file's bytes as tokens (vocab 256), cut into windows of seq+1; targets are the next byte.",
-            option_docs={"path": "the text or binary file"},
+            option_docs={"path": "the text or binary file (relative to the .sx file)"},
+            path_options=("path",),
         ),
         DataSourceInfo(
             name="tokens",
@@ -95,7 +96,11 @@ def data_sources() -> list[DataSourceInfo]:
             fields=files.tokens_fields,
             factory=files.tokens_loader,
             doc="A flat file of token ids (nanoGPT .bin) cut into windows of seq+1; targets are the next token.",
-            option_docs={"path": "the token file", "dtype": "'uint16' (default) or 'uint32'"},
+            option_docs={
+                "path": "the token file (relative to the .sx file)",
+                "dtype": "'uint16' (default) or 'uint32'",
+            },
+            path_options=("path",),
         ),
         DataSourceInfo(
             name="npy",
@@ -109,6 +114,7 @@ def data_sources() -> list[DataSourceInfo]:
                 "features": ".npy file, one record per row (any number type)",
                 "labels": ".npy file, one label per record (integer: class; float: regression target)",
             },
+            path_options=("features", "labels"),
         ),
     ]
 

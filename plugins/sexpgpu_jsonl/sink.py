@@ -50,6 +50,13 @@ class JsonlSink:
     same file. Each batch is one ``write`` on an ``O_APPEND`` descriptor, so it
     is in the file (visible to ``tail -f``) when ``write`` returns, and lines
     from two processes reporting into one experiment never interleave.
+
+    Before each batch the sink checks that the path still names the file it
+    has open: a file removed or replaced (a folder cleaned up mid-run, the file
+    swapped for another) would otherwise take events into a file nobody can
+    read, with every write succeeding. It then opens the path again, and a
+    folder that cannot take the file any more makes ``write`` raise, so the
+    stream warns and counts the events as undelivered.
     """
 
     name = "jsonl"
@@ -79,8 +86,11 @@ class JsonlSink:
 
     def write(self, events: Sequence[Mapping[str, Any]]) -> None:
         """Append ``events`` as lines; raises :class:`OSError` when the file cannot take them."""
+        if self._fd is not None and not self._still_ours():
+            self._drop()
+            _warn("the metrics file was removed or replaced; opening it again", self.path)
         if self._fd is None:
-            # The last write failed part way: start again on a fresh line.
+            # The last write failed part way, or the file went: start again on a fresh line.
             self._open()
         data = memoryview(b"".join(encode_event(e) for e in events))
         try:
@@ -89,6 +99,18 @@ class JsonlSink:
         except BaseException:
             self._drop()
             raise
+
+    def _still_ours(self) -> bool:
+        """Whether the path still names the open file (same device and inode)."""
+        try:
+            opened = os.fstat(self._fd)
+        except OSError:
+            return True  # a descriptor gone bad: the write raises and is retried
+        try:
+            named = os.stat(self.path)
+        except OSError:
+            return False
+        return (named.st_dev, named.st_ino) == (opened.st_dev, opened.st_ino)
 
     def _drop(self) -> None:
         fd, self._fd = self._fd, None
@@ -106,6 +128,12 @@ class JsonlSink:
             os.fsync(self._fd)
         finally:
             self._drop()
+
+
+def _warn(message: str, path: Path) -> None:
+    from sexpgpu.log import get_logger
+
+    get_logger("sexpgpu.metrics").warning(message, path=str(path))
 
 
 def read_events(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:

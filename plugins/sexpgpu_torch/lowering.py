@@ -28,6 +28,7 @@ from sexpgpu.errors import CheckpointError, PluginError, RunError
 from sexpgpu.extension import KernelInfo, OptimizerInfo
 from sexpgpu.graph import Graph, Node, ParamDecl, Program
 from sexpgpu.kernels import choose_kernels, device_kind, recorded
+from sexpgpu_torch.cpu import take as take_cpu_choices
 from sexpgpu_torch.optim import clip_by_global_norm
 from sexpgpu_torch.rng import derive_seed
 
@@ -480,13 +481,17 @@ class TorchTrainer:
         self.current_group = None
 
     def set_params(self, params: Mapping[str, np.ndarray]) -> None:
-        """Replace some parameters (``:load`` ones read by the core) by value."""
+        """Replace some parameters by value: the ``:load`` ones the core read, after
+        ``init_params`` on a fresh start and after ``restore`` for frozen ones."""
         for path, array in params.items():
             decl = self._decl_by_path.get(path)
             if decl is None:
                 raise CheckpointError(f"the program has no parameter {path}")
             self._check_shape(path, array)
-            self._set_param(path, torch.from_numpy(np.array(array, copy=True)))
+            # A writable array is taken as it is (the caller hands it over, per the
+            # protocol), so a large pretrained model is not copied once more.
+            owned = array.flags.writeable and array.dtype.isnative
+            self._set_param(path, torch.from_numpy(array if owned else np.array(array, copy=True)))
 
     def _check_shape(self, name: str, array: np.ndarray) -> None:
         path = name.split("/", 1)[0]
@@ -597,7 +602,8 @@ class TorchTrainer:
     # -- checkpoints
 
     def export(self, *, reuse: bool = False) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-        """Host copies of the parameters and the current states (bf16 as f32).
+        """Host copies of the parameters and the current states (bf16 as f32); a
+        frozen ``:load`` parameter is left out, as a checkpoint does not copy it.
 
         The copies land in arrays already laid out as the safetensors files a
         checkpoint writes (``layout_tensors``), so writing them copies nothing more.
@@ -607,7 +613,8 @@ class TorchTrainer:
         """
         from sexpgpu.checkpoint import layout_tensors
 
-        sources = {d.path: self.params[d.path] for d in self.decls}
+        # A frozen parameter read with :load is named by experiment.json, not copied.
+        sources = {d.path: self.params[d.path] for d in self.decls if d.trainable or d.load is None}
         state_sources = {
             f"{path}/{name}": values[i]
             for i, path in enumerate(self.trainable)
@@ -724,4 +731,8 @@ class TorchLowering:
         chosen = choose_kernels(
             program, lowering=LOWERING, device=device, kernels=kernels, pinned=pinned
         )
-        return TorchTrainer(program, device=device, chosen=chosen, optimizers=optimizers)
+        # Before any graph is built: the sums are the pinned threads' from the start.
+        cpu_choices = take_cpu_choices(pinned, device)
+        trainer = TorchTrainer(program, device=device, chosen=chosen, optimizers=optimizers)
+        trainer.choices.update(cpu_choices)
+        return trainer

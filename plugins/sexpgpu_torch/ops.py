@@ -127,22 +127,36 @@ def _unary(node: Node, low: Lowerer, iteration: int | None) -> Fn:
 
 
 def _binary(node: Node, low: Lowerer, iteration: int | None) -> Fn:
-    fn = _BINARY[node.op]
+    return _BINARY[node.op]
+
+
+_PROMOTING = frozenset(
+    {*_BINARY, "matmul", "concat", "layer_norm", "rms_norm", "attention", "conv2d"}
+)
+"""Ops over several floating tensors: each computes in its node's dtype, the IR's
+promotion of its arguments' (docs/ir.md, "Dtypes"), so a ``bf16`` tensor next to an
+``f32`` one is taken as ``f32`` where torch would refuse the pair (matmul, the norms,
+attention, conv2d) or keep ``bf16`` against an ``f32`` scalar (the binary ops)."""
+
+
+def _promoting(builder: Builder) -> Builder:
+    """``builder`` whose function casts each floating argument of another dtype than
+    the node's to the node's."""
+    return lambda node, low, iteration: _promoted(node, low, builder(node, low, iteration))
+
+
+def _promoted(node: Node, low: Lowerer, fn: Fn) -> Fn:
     target = node.type.dtype
     if target not in _FLOATS:
         return fn
-    # Follow the IR's promotion (f32 if either side is f32) even where torch
-    # would keep a bf16 tensor against an f32 scalar.
-    ca, cb = (
-        low.arg_type(node, i).dtype in _FLOATS and low.arg_type(node, i).dtype != target
-        for i in range(2)
-    )
-    if not (ca or cb):
+    dtypes = [low.arg_type(node, i).dtype for i in range(len(node.args))]
+    casts = tuple(d in _FLOATS and d != target for d in dtypes)
+    if not any(casts):
         return fn
     dt = TORCH_DTYPES[target]
 
-    def promoted(a: Tensor, b: Tensor) -> Tensor:
-        return fn(a.to(dt) if ca else a, b.to(dt) if cb else b)
+    def promoted(*xs: Tensor) -> Tensor:
+        return fn(*(x.to(dt) if cast else x for x, cast in zip(xs, casts, strict=True)))
 
     return promoted
 
@@ -223,7 +237,7 @@ def _fixed(fn: Fn) -> Builder:
     return lambda node, low, iteration: fn
 
 
-IMPLEMENTATIONS: dict[str, Builder] = {
+_TABLE: dict[str, Builder] = {
     **{name: _unary for name in _UNARY},
     **{name: _binary for name in _BINARY},
     "matmul": _fixed(torch.matmul),
@@ -248,6 +262,10 @@ IMPLEMENTATIONS: dict[str, Builder] = {
     "accuracy": _fixed(_accuracy),
     "mse": _fixed(_mse),
     "cast": _cast,
+}
+
+IMPLEMENTATIONS: dict[str, Builder] = {
+    name: _promoting(builder) if name in _PROMOTING else builder for name, builder in _TABLE.items()
 }
 """Each built-in op's builder: ``builder(node, lowerer, iteration) -> fn(*args)``."""
 

@@ -35,6 +35,7 @@ from sexpgpu.storage import (
     READ_FAILED,
     WRITE_FAILED,
     int_setting,
+    redact,
     split_bucket_uri,
 )
 
@@ -116,6 +117,12 @@ class GcsStorage:
         return f"{self.uri}/{key}" if key else self.uri
 
     def _error(self, exc: Exception, doing: str, key: str, code: str) -> StorageError:
+        """:meth:`_explain`, with the credentials of any URL in it (an endpoint's
+        ``user:password@``) redacted."""
+        error = self._explain(exc, doing, key, code)
+        return StorageError(redact(error.message), code=error.code)
+
+    def _explain(self, exc: Exception, doing: str, key: str, code: str) -> StorageError:
         """One line for a failed call: what, where, the credential source, a stable code."""
         if isinstance(exc, StorageError):
             return exc
@@ -154,7 +161,7 @@ class GcsStorage:
         text = f"{self.uri} (credentials: {self.credential_source()}"
         emulator = os.environ.get("STORAGE_EMULATOR_HOST")
         if emulator:
-            text += f", endpoint {emulator}"
+            text += f", endpoint {redact(emulator)}"
         return text + ")"
 
     def check_writable(self) -> None:
@@ -220,10 +227,12 @@ class GcsStorage:
         except Exception as exc:
             raise self._error(exc, "reading", key, READ_FAILED) from None
 
-    def write(self, key: str, data: bytes | memoryview) -> None:
+    def write(self, key: str, data: bytes | memoryview, crc32c: str | None = None) -> None:
         """One upload: a single request when small, a resumable upload in chunks when large.
 
         An object appears only when its upload finishes, so each is all or nothing.
+        ``crc32c`` (base64, as GCS writes it) goes with the upload's metadata: GCS
+        verifies it and refuses the object when the bytes it got differ.
         """
         if not key.strip("/"):
             raise StorageError(f"{self.uri}: cannot write an object without a name")
@@ -234,6 +243,8 @@ class GcsStorage:
                 blob = self.client.bucket(self.bucket_name).blob(self._name(key), chunk_size=chunk)
             else:
                 blob = self._blob(key)
+            if crc32c:
+                blob.crc32c = crc32c
             # Rewriting a checkpoint file with the same bytes is harmless, so uploads
             # retry transient failures even without a generation precondition.
             blob.upload_from_file(
@@ -245,15 +256,24 @@ class GcsStorage:
         except Exception as exc:
             raise self._error(exc, "writing", key, WRITE_FAILED) from None
 
-    def write_many(self, items: Mapping[str, bytes | memoryview]) -> None:
-        """Upload every object on its own thread; the first failure is raised once all finish."""
+    def write_many(
+        self,
+        items: Mapping[str, bytes | memoryview],
+        crc32c: Mapping[str, str] | None = None,
+    ) -> None:
+        """Upload every object on its own thread; the first failure is raised once all
+        finish. ``crc32c`` maps a key to its object's CRC32C, verified by GCS (see
+        :meth:`write`)."""
+        crc32c = crc32c or {}
         if len(items) <= 1:
             for key, data in items.items():
-                self.write(key, data)
+                self.write(key, data, crc32c.get(key))
             return
         self.client  # noqa: B018 - made once, before the threads share it
         with ThreadPoolExecutor(max_workers=min(self.concurrency, len(items))) as pool:
-            futures = [pool.submit(self.write, key, data) for key, data in items.items()]
+            futures = [
+                pool.submit(self.write, key, data, crc32c.get(key)) for key, data in items.items()
+            ]
         for future in futures:
             future.result()
 
@@ -335,12 +355,19 @@ def _load_key_file(path: str) -> tuple[Any, str | None]:
             f"cannot read it: {getattr(exc, 'strerror', None) or type(exc).__name__}"
         ) from None
     kind = info.get("type") if isinstance(info, dict) else None
-    if kind == "service_account":
-        creds = service_account.Credentials.from_service_account_info(info, scopes=list(SCOPES))
-        return creds, info.get("project_id")
-    if kind == "authorized_user":
-        creds = user_credentials.Credentials.from_authorized_user_info(info, scopes=list(SCOPES))
-        return creds, info.get("quota_project_id")
+    try:  # an undecodable key is E-STORAGE-001, as through GOOGLE_APPLICATION_CREDENTIALS
+        if kind == "service_account":
+            creds = service_account.Credentials.from_service_account_info(info, scopes=list(SCOPES))
+            return creds, info.get("project_id")
+        if kind == "authorized_user":
+            creds = user_credentials.Credentials.from_authorized_user_info(
+                info, scopes=list(SCOPES)
+            )
+            return creds, info.get("quota_project_id")
+    except (ValueError, KeyError, TypeError) as exc:
+        raise gauth_exc.DefaultCredentialsError(
+            f"Failed to load {kind} credentials from {path}: {str(exc).splitlines()[0]}"
+        ) from None
     raise gauth_exc.DefaultCredentialsError(
         f"its type is {kind!r}; a service_account or authorized_user file is needed"
     )

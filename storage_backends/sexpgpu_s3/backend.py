@@ -7,6 +7,7 @@ separate profile for checkpoints and a few tuning variables (docs/environment.md
 
 from __future__ import annotations
 
+import base64
 import math
 import os
 import secrets
@@ -17,6 +18,7 @@ from typing import Any
 
 import boto3
 import botocore.exceptions as bexc
+import google_crc32c
 from botocore.config import Config
 
 from sexpgpu.errors import StorageError
@@ -30,6 +32,7 @@ from sexpgpu.storage import (
     READ_FAILED,
     WRITE_FAILED,
     int_setting,
+    redact,
     split_bucket_uri,
 )
 
@@ -56,6 +59,17 @@ _METHODS = {
     "assume-role-with-web-identity": "web identity role",
     "explicit": "explicit keys",
 }
+
+
+def _crc32c(data: bytes) -> str:
+    """CRC32C of ``data`` as S3 writes it: base64 of the 4 big-endian bytes."""
+    return base64.b64encode(google_crc32c.value(data).to_bytes(4, "big")).decode("ascii")
+
+
+def _multipart_checksum(key: str, crc32c: Mapping[str, str]) -> dict[str, str]:
+    if key in crc32c:
+        return {"ChecksumAlgorithm": "CRC32C", "ChecksumType": "FULL_OBJECT"}
+    return {"ChecksumAlgorithm": "CRC32"}
 
 
 def split_uri(uri: str) -> tuple[str, str]:
@@ -151,6 +165,12 @@ class S3Storage:
         return f"{self.uri}/{key}" if key else self.uri
 
     def _error(self, exc: Exception, doing: str, key: str, code: str) -> StorageError:
+        """:meth:`_explain`, with the credentials of any URL in it (an endpoint's
+        ``user:password@``) redacted."""
+        error = self._explain(exc, doing, key, code)
+        return StorageError(redact(error.message), code=error.code)
+
+    def _explain(self, exc: Exception, doing: str, key: str, code: str) -> StorageError:
         """One line for a failed call: what, where, the credential source, a stable code."""
         where = self._where(key)
         if isinstance(exc, StorageError):
@@ -208,7 +228,7 @@ class S3Storage:
         except Exception:
             endpoint = None
         if endpoint and "amazonaws.com" not in endpoint:
-            text += f", endpoint {endpoint}"
+            text += f", endpoint {redact(endpoint)}"
         return text + ")"
 
     def check_writable(self) -> None:
@@ -287,12 +307,20 @@ class S3Storage:
         """One object: a single PUT when small, concurrent multipart parts when large."""
         self.write_many({key: data})
 
-    def write_many(self, items: Mapping[str, bytes | memoryview]) -> None:
+    def write_many(
+        self,
+        items: Mapping[str, bytes | memoryview],
+        crc32c: Mapping[str, str] | None = None,
+    ) -> None:
         """Every object and every part of the large ones share one pool of uploads.
 
         An object is visible only once its PUT or CompleteMultipartUpload succeeds,
         so each object is all or nothing; a failed multipart upload is aborted.
+        ``crc32c`` maps a key to its object's CRC32C (base64, as S3 writes it): S3
+        verifies it and refuses the upload when the bytes it got differ. A multipart
+        upload sends each part's CRC32C and the whole object's (``FULL_OBJECT``).
         """
+        crc32c = crc32c or {}
         if not items:
             return
         for key in items:
@@ -306,18 +334,25 @@ class S3Storage:
             uploads: list[tuple[str, str, list[Future]]] = []
             for key, view in views.items():
                 if self._parts_count(len(view)) == 1:
-                    singles.append(pool.submit(self._put, key, view))
+                    singles.append(pool.submit(self._put, key, view, crc32c.get(key)))
                     continue
                 try:
                     upload_id = self.client.create_multipart_upload(
-                        Bucket=self.bucket, Key=self._key(key), ChecksumAlgorithm="CRC32"
+                        Bucket=self.bucket, Key=self._key(key), **_multipart_checksum(key, crc32c)
                     )["UploadId"]
                 except Exception as exc:
                     failures.append(self._error(exc, "writing", key, WRITE_FAILED))
                     continue
                 size = self._part_size(len(view))
                 parts = [
-                    pool.submit(self._upload_part, key, upload_id, n + 1, view[a : a + size])
+                    pool.submit(
+                        self._upload_part,
+                        key,
+                        upload_id,
+                        n + 1,
+                        view[a : a + size],
+                        key in crc32c,
+                    )
                     for n, a in enumerate(range(0, len(view), size))
                 ]
                 uploads.append((key, upload_id, parts))
@@ -334,6 +369,11 @@ class S3Storage:
                             Key=self._key(key),
                             UploadId=upload_id,
                             MultipartUpload={"Parts": [f.result() for f in parts]},
+                            **(
+                                {"ChecksumCRC32C": crc32c[key], "ChecksumType": "FULL_OBJECT"}
+                                if key in crc32c
+                                else {}
+                            ),
                         )
                         continue
                     except Exception as exc:
@@ -354,27 +394,36 @@ class S3Storage:
     def _parts_count(self, size: int) -> int:
         return max(1, math.ceil(size / self._part_size(size))) if size > self.part_size else 1
 
-    def _put(self, key: str, view: memoryview) -> None:
+    def _put(self, key: str, view: memoryview, crc32c: str | None = None) -> None:
+        checksum = {"ChecksumCRC32C": crc32c} if crc32c else {}
         try:
-            self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=view.tobytes())
+            self.client.put_object(
+                Bucket=self.bucket, Key=self._key(key), Body=view.tobytes(), **checksum
+            )
         except Exception as exc:
             raise self._error(exc, "writing", key, WRITE_FAILED) from None
 
-    def _upload_part(self, key: str, upload_id: str, number: int, view: memoryview) -> dict:
+    def _upload_part(
+        self, key: str, upload_id: str, number: int, view: memoryview, crc32c: bool = False
+    ) -> dict:
+        body = view.tobytes()
+        # botocore computes CRC32C only with awscrt installed; the part's bytes are here.
+        checksum = {"ChecksumCRC32C": _crc32c(body)} if crc32c else {"ChecksumAlgorithm": "CRC32"}
         try:
             response = self.client.upload_part(
                 Bucket=self.bucket,
                 Key=self._key(key),
                 UploadId=upload_id,
                 PartNumber=number,
-                Body=view.tobytes(),
-                ChecksumAlgorithm="CRC32",
+                Body=body,
+                **checksum,
             )
         except Exception as exc:
             raise self._error(exc, "writing", key, WRITE_FAILED) from None
         part = {"PartNumber": number, "ETag": response["ETag"]}
-        if "ChecksumCRC32" in response:
-            part["ChecksumCRC32"] = response["ChecksumCRC32"]
+        for name in ("ChecksumCRC32", "ChecksumCRC32C"):
+            if name in response:
+                part[name] = response[name]
         return part
 
     def delete(self, key: str) -> None:

@@ -100,7 +100,7 @@ def write(storage, program: Program, step: int = 4, *, finished: bool = False, s
     experiment = ckpt.experiment_record(
         program,
         choices={"stack:model.blocks": "unrolled"},
-        slug="my-run-20261130-0001",
+        slug="my-run-3f9a1c",
         devices=1,
         nodes=1,
         finished=finished,

@@ -51,7 +51,7 @@ def test_the_console_layout(storage, location):
         f"  <core>                    {CORE_SHA}\n"
         f"  my-run.sx                 {RUN_SHA}\n"
         f"  layers/transformer.sx     {LIB_SHA}\n"
-        "slug       my-run-20261130-0001\n"
+        "slug       my-run-3f9a1c\n"
         "finished   true\n"
         "knobs\n"
         "  lr     0.5  default\n"
@@ -170,7 +170,7 @@ def test_loaded_parameters_are_named_not_copied(storage, location):
     experiment = ckpt.experiment_record(
         program,
         choices={},
-        slug="s",
+        slug="s-000000",
         devices=1,
         nodes=1,
         finished=False,

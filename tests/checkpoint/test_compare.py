@@ -20,7 +20,7 @@ def recorded(program=None, **kwargs):
     return ckpt.experiment_record(
         program,
         choices={},
-        slug="s",
+        slug="s-000000",
         devices=kwargs.get("devices", 1),
         nodes=kwargs.get("nodes", 1),
         finished=False,

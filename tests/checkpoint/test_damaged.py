@@ -103,7 +103,7 @@ CASES = {
     ),
     "state.json without a step": (
         lambda f: _rewrite_json(f / T, lambda r: r.pop("step")),
-        [T, "its step is not a whole number"],
+        [T, "its step is missing"],
         "E-CKPT-002",
     ),
     "params file missing": (

@@ -76,7 +76,14 @@ def test_write_then_load_is_byte_exact(storage, location, program):
     loaded = ckpt.load_checkpoint(storage, key)
     assert loaded.location == f"{location}/step-00000004"
     assert loaded.step == 4
-    assert loaded.experiment == experiment
+    # experiment.json is what was handed over, plus each file's size and CRC32C and the time
+    stored = dict(loaded.experiment)
+    files = stored.pop("files")
+    assert isinstance(stored.pop("written"), float)
+    assert stored == experiment
+    for name in (ckpt.PARAMS_FILE, ckpt.STATES_FILE, ckpt.STATE_FILE):
+        data = (folder / name).read_bytes()
+        assert files[name] == {"size": len(data), "crc32c": ckpt.crc32c(data)}
     assert loaded.state == state
     for got, want in ((loaded.params, params), (loaded.states, states)):
         assert sorted(got) == sorted(want)
@@ -98,7 +105,7 @@ def test_experiment_json_holds_the_run_identity(program):
     record = ckpt.experiment_record(
         make_program(variant="small"),
         choices={"b": "y", "a": "x"},
-        slug="s",
+        slug="s-000000",
         devices=2,
         nodes=1,
         finished=False,
@@ -125,7 +132,7 @@ def test_experiment_json_holds_the_run_identity(program):
     assert record["choices"] == {"a": "x", "b": "y"}
     assert (
         ckpt.experiment_record(
-            make_program(), choices={}, slug="s", devices=1, nodes=1, finished=True
+            make_program(), choices={}, slug="s-000000", devices=1, nodes=1, finished=True
         )["variant"]
         == "-"
     )
@@ -270,7 +277,7 @@ def test_laid_out_tensors_round_trip_through_a_checkpoint(storage, program):
         array[...] = i + 0.5
     state = ckpt.state_record(step=1, stage=0, records=0, counters={}, loader=None, seed=7)
     experiment = ckpt.experiment_record(
-        program, choices={}, slug="s", devices=1, nodes=1, finished=False
+        program, choices={}, slug="s-000000", devices=1, nodes=1, finished=False
     )
     key = ckpt.write_checkpoint(storage, 1, arrays, {}, state, experiment)
     loaded = ckpt.load_checkpoint(storage, key)

@@ -135,7 +135,7 @@ def test_the_cli_lays_out_a_description():
         seed=3,
         counters=(),
         sources=(SourceRecord("a.sx", "ab" * 32),),
-        slug="run-1",
+        slug="run-00000a",
         finished=False,
         knobs=(KnobRecord("sizes", [2, True, None], "--set"), KnobRecord("lr", 0.1, "default")),
         choices=(),
@@ -159,7 +159,7 @@ def test_the_cli_lays_out_a_description():
         "counters   -\n"
         "sources\n"
         f"  a.sx                      {'ab' * 32}\n"
-        "slug       run-1\n"
+        "slug       run-00000a\n"
         "finished   false\n"
         "knobs\n"
         "  sizes  [2 true -]  --set\n"

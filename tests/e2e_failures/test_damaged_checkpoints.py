@@ -98,7 +98,8 @@ def test_a_cut_off_checkpoint_is_passed_over_but_a_damaged_one_before_it_is_refu
     line = error_line(run_sexpgpu(*RUN, "--resume", "latest", cwd=workdir))
     assert line == (
         "sexpgpu run: E-CKPT-002: ckpt/step-00000002/states.safetensors is missing "
-        "from the checkpoint"
+        "from the checkpoint; --resume latest never falls back to an older checkpoint: "
+        "there is no complete checkpoint before it (move it aside to start afresh)"
     ), line
     assert _snapshot(workdir) == before
     # Asked for by name, the cut-off one is not a checkpoint.

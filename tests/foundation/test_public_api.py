@@ -137,10 +137,10 @@ def test_the_plugins_the_tests_make_import_only_the_public_api() -> None:
 
 def test_the_scan_catches_every_way_out_of_the_public_api() -> None:
     source = (
-        "import sexpgpu.run\n"
+        "import sexpgpu.checkpointer\n"
         "from sexpgpu.plugins import module_missing\n"
         "from sexpgpu import plugins\n"
-        "from sexpgpu import __version__, run\n"
+        "from sexpgpu import __version__, checkpointer\n"
         "from sexpgpu.checkpoint import layout_tensors, read_checkpoint\n"
         "from sexpgpu.extension import _private\n"
         "from sexpgpu.lang.compiler import Compiler\n"
@@ -154,10 +154,10 @@ def test_the_scan_catches_every_way_out_of_the_public_api() -> None:
         "from sexpgpu.extension import KernelInfo, module_missing\n"
     )
     assert core_violations(source, "p.py") == [
-        "p.py:1: sexpgpu.run",
+        "p.py:1: sexpgpu.checkpointer",
         "p.py:2: sexpgpu.plugins.module_missing",
         "p.py:3: sexpgpu.plugins",
-        "p.py:4: sexpgpu.run",
+        "p.py:4: sexpgpu.checkpointer",
         "p.py:5: sexpgpu.checkpoint.read_checkpoint",
         "p.py:6: sexpgpu.extension._private",
         "p.py:7: sexpgpu.lang.compiler.Compiler",

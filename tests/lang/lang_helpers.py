@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 from sexpgpu.graph import Program, TensorType
@@ -57,3 +59,11 @@ BASE = """
 
 RUN = """:model (net 16 8) :data train :loss (cross-entropy (model inputs) targets)
   :optimizer (adam :lr lr) :steps steps"""
+
+
+def sexpgpu(*args: str, cwd: Path = ROOT, timeout: float = 120) -> subprocess.CompletedProcess:
+    """``sexpgpu args...`` run as a user runs it, in ``cwd``."""
+    exe = str(Path(sys.executable).with_name("sexpgpu"))
+    return subprocess.run(
+        [exe, *args], cwd=cwd, env=cli_env(), capture_output=True, text=True, timeout=timeout
+    )

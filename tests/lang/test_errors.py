@@ -135,7 +135,7 @@ def run(extra: str = "", **replace: str) -> str:
         (run(":guard-finite yes"), "my-run.sx:10:57: unknown name 'yes'"),
         (
             run(":evals ((eval p :every 1 :metrics (los)))"),
-            "my-run.sx:10:78: a metric is loss, accuracy or (name expression), got los (did you mean 'loss'?)",
+            "my-run.sx:10:78: unknown metric los (did you mean 'loss'?): a metric is one of accuracy,",
         ),
         (run(":evals ((eval p :metrics (loss)))"), "my-run.sx:10:50: eval p needs :every N"),
         (

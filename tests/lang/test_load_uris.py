@@ -45,13 +45,24 @@ CHECK = """
 
 
 def test_a_third_party_scheme_is_accepted_and_a_disabled_one_refused(tmp_path):
+    import numpy as np
+    from safetensors.numpy import save_file
+
     plugins = make_mem_plugin(tmp_path / "plugins")
     (tmp_path / "r.sx").write_text(CHECK.replace("URI", "mem://box/w.safetensors"))
-    ok = run_sexpgpu(["check", "r.sx"], cwd=tmp_path, pythonpath=[plugins])
+    # check reads the file's header, through the third party's plugin
+    (tmp_path / "mem" / "box").mkdir(parents=True)
+    save_file({"w": np.zeros((16, 4), np.float32)}, str(tmp_path / "mem" / "box" / "w.safetensors"))
+    root = str(tmp_path / "mem")
+    ok = run_sexpgpu(["check", "r.sx"], cwd=tmp_path, pythonpath=[plugins], MEM_PLUGIN_ROOT=root)
     assert ok.returncode == 0, ok.stderr
     assert "model.w" in ok.stdout
     gone = run_sexpgpu(
-        ["check", "r.sx"], cwd=tmp_path, pythonpath=[plugins], SEXPGPU_DISABLE_PLUGINS="mem"
+        ["check", "r.sx"],
+        cwd=tmp_path,
+        pythonpath=[plugins],
+        SEXPGPU_DISABLE_PLUGINS="mem",
+        MEM_PLUGIN_ROOT=root,
     )
     assert gone.returncode == 1
     assert gone.stderr.strip().splitlines()[-1] == (

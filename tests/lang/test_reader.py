@@ -86,6 +86,18 @@ def test_unclosed_bracket_is_reported_at_its_opening_deep_in_a_file():
 
 
 def test_deep_nesting_does_not_exhaust_the_stack():
-    depth = 20000
+    from sexpgpu.lang.reader import MAX_NESTING
+
+    depth = MAX_NESTING
     forms = read("(" * depth + ")" * depth, "f.sx")
     assert isinstance(forms[0], SList)
+
+
+def test_nesting_beyond_the_limit_is_refused_where_it_starts():
+    from sexpgpu.lang.reader import MAX_NESTING
+
+    text = "(a\n " + "[" * MAX_NESTING + "]" * MAX_NESTING + ")"
+    with pytest.raises(SourceError) as info:
+        read(text, "f.sx")
+    assert info.value.pos == Pos("f.sx", 2, MAX_NESTING + 1)
+    assert f"nested more than {MAX_NESTING} deep" in str(info.value)

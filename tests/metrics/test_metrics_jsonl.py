@@ -155,3 +155,19 @@ def test_importing_the_sink_plugins_imports_nothing_heavy():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_a_removed_or_replaced_file_is_opened_again(tmp_path):
+    # A clean-up that removes the file mid-run: without looking, every later event
+    # would go into a file that no longer has a name.
+    sink = JsonlSink(tmp_path, "exp")
+    sink.write([{"kind": "point", "step": 1}])
+    path = tmp_path / "exp" / "events.jsonl"
+    path.unlink()
+    sink.write([{"kind": "point", "step": 2}])
+    assert [e["step"] for e in read_events(path)] == [2]
+    path.rename(tmp_path / "exp" / "old.jsonl")
+    path.write_text("")  # another file under the name
+    sink.write([{"kind": "point", "step": 3}])
+    sink.close()
+    assert [e["step"] for e in read_events(path)] == [3]

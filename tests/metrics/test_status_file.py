@@ -134,3 +134,31 @@ def test_a_status_file_that_cannot_be_written_does_not_stop_the_run(tmp_path):
     assert status.update(state="running") is False
     assert status.progress(1) is False
     assert blocker.read_text() == ""
+
+
+def test_writes_from_several_threads_all_land(tmp_path):
+    # The step loop records steps while the checkpoint writer records checkpoints.
+    status = StatusFile(tmp_path / "exp" / "status.json", min_interval=0.0)
+    failed: list[bool] = []
+    start = threading.Barrier(4)
+
+    def loop(thread: int) -> None:
+        start.wait()
+        for i in range(200):
+            if thread % 2:
+                ok = status.update(checkpoint=f"ckpt/step-{thread}-{i}")
+            else:
+                ok = status.progress(i)
+            if not ok:
+                failed.append(True)
+
+    threads = [threading.Thread(target=loop, args=(n,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failed == []
+    final = read_status(tmp_path / "exp" / "status.json")
+    assert final["checkpoint"] in {"ckpt/step-1-199", "ckpt/step-3-199"}
+    assert final["step"] == 199
+    assert [p.name for p in (tmp_path / "exp").iterdir()] == ["status.json"]

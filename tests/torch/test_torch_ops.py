@@ -430,3 +430,54 @@ def test_every_registered_op_is_checked_in_this_file() -> None:
 
     text = Path(__file__).read_text()
     assert sorted(op for op in BUILTINS.names() if f'"{op}"' not in text) == []
+
+
+# ---------------------------------------------------------------- mixed dtypes
+
+_MIXED = ((torch.bfloat16, torch.float32), (torch.float32, torch.bfloat16))
+"""(the first argument's dtype, the others'): each op computes in the IR's promotion."""
+
+# op -> (argument shapes, attrs); the first argument takes the first dtype of a pair
+_MIXED_OPS: dict[str, tuple[tuple[tuple[int, ...], ...], dict]] = {
+    **{op: (((3, 4), (3, 4)), {}) for op in BINARY},
+    "matmul": (((3, 4), (4, 5)), {}),
+    "concat": (((3, 4), (2, 4)), {"axis": 0}),
+    "layer_norm": (((3, 4), (4,), (4,)), {"eps": 1e-5}),
+    "rms_norm": (((3, 4), (4,)), {"eps": 1e-6}),
+    "attention": (((2, 3, 4), (2, 3, 4), (2, 3, 4)), {"heads": 2, "causal": True}),
+    "conv2d": (((1, 2, 5, 5), (3, 2, 3, 3), (3,)), {"stride": 1, "padding": 0}),
+    "mse": (((3, 4), (3, 4)), {}),
+}
+_MIXED_KERNELS = {"attention": K.attention_math, "conv2d": K.conv2d_direct}
+
+
+@pytest.mark.parametrize("dtypes", _MIXED, ids=["bf16-f32", "f32-bf16"])
+@pytest.mark.parametrize("op", sorted(_MIXED_OPS))
+def test_an_op_on_mixed_dtypes_runs_in_the_dtype_the_ir_gives(op, dtypes) -> None:
+    """What the compiler accepts, the lowering runs: forward in the node's dtype, and
+    a gradient for every argument in the argument's own dtype."""
+    shapes, attrs = _MIXED_OPS[op]
+    params = {
+        f"p{i}": positive(*shape, seed=i).to(dtypes[min(i, 1)]).requires_grad_()
+        for i, shape in enumerate(shapes)
+    }
+    g = G()
+    nodes = [
+        g.param(p, t.shape, "bf16" if t.dtype == torch.bfloat16 else "f32")
+        for p, t in params.items()
+    ]
+    site = {"site": f"{op}:m"} if op in _MIXED_KERNELS else {}
+    out = g.add(op, *nodes, **attrs, **site)
+    ctx = Ctx(seed=0, device=CPU)
+    ctx.params = params
+    ctx.inputs = {}
+    kernels = {f"{op}:m": _MIXED_KERNELS[op]} if op in _MIXED_KERNELS else {}
+    (y,) = compile_graph(g.graph(out), ctx, kernels, CPU)()
+    want = g.nodes[out].type
+    assert tuple(y.shape) == want.shape
+    assert y.dtype == {"f32": torch.float32, "bf16": torch.bfloat16}[want.dtype]
+    assert want.dtype == "f32", "f32 wins over bf16"
+    grads = torch.autograd.grad(y.float().sum(), list(params.values()))
+    for (name, p), grad in zip(params.items(), grads, strict=True):
+        assert grad.dtype == p.dtype, name
+        assert torch.isfinite(grad.float()).all(), name

@@ -35,8 +35,12 @@ def _shape(shape: tuple[int, ...]) -> str:
 @click.command("check")
 @_selection
 def check(file: str, sets: tuple[str, ...], variant: str | None, steps: int | None) -> None:
-    """Compile FILE, check every shape, and list its parameters."""
+    """Compile FILE, check every shape and every :load tensor (headers only), and
+    list its parameters."""
+    from sexpgpu.loading import Loads
+
     program = _compile(file, sets, variant, steps)
+    Loads.of(program).check()
     rows = [
         (
             p.path,

@@ -1,7 +1,10 @@
-"""``sexpgpu checkpoint``: what a checkpoint is, read from its records and tensor headers.
+"""``sexpgpu checkpoint``: what a checkpoint is, read from its records and tensor headers,
+or the checkpoints of a location.
 
-The core describes a checkpoint as data (:func:`sexpgpu.checkpoint.describe_checkpoint`);
-the console layout of docs/checkpoints.md is made here.
+The core describes a checkpoint as data (:func:`sexpgpu.checkpoint.describe_checkpoint`,
+:func:`sexpgpu.checkpoint.list_checkpoints`); the console layout of
+docs/checkpoints.md is made here. Every string read from a checkpoint is printed
+escaped (:func:`shown`): a forged name cannot move the cursor or forge a line.
 """
 
 from __future__ import annotations
@@ -11,7 +14,12 @@ from typing import TYPE_CHECKING
 import click
 
 if TYPE_CHECKING:
-    from sexpgpu.checkpoint import CheckpointDescription, LoadRecord, TensorFile
+    from sexpgpu.checkpoint import (
+        CheckpointDescription,
+        CheckpointEntry,
+        LoadRecord,
+        TensorFile,
+    )
 
 # "precision" and two spaces: the width of the labels in the console layout.
 _LABEL = 11
@@ -20,17 +28,76 @@ _SOURCE_NAME = 24
 
 
 @click.command("checkpoint")
-@click.argument("location", metavar="<dir|s3://bucket/prefix/step-<n>>")
+@click.argument("location", metavar="<dir|s3://bucket/prefix/step-<n>|LOCATION|LOCATION/latest>")
 def checkpoint(location: str) -> None:
-    """Print a checkpoint's identity, step and every tensor's name, dtype and shape.
+    """Print a checkpoint's identity, step and every tensor's name, dtype and shape;
+    on a checkpoint location, list its checkpoints (LOCATION/latest: the newest complete).
 
     Reads experiment.json, state.json and the two safetensors headers only (ranged
-    reads on a bucket), never tensor data.
+    reads on a bucket), never tensor data. Tensors that disagree with experiment.json
+    are flagged with "!" and the command exits 1.
     """
-    from sexpgpu.checkpoint import describe_checkpoint, open_checkpoint
+    from sexpgpu.checkpoint import (
+        E_DAMAGED,
+        describe_checkpoint,
+        list_checkpoints,
+        open_checkpoint,
+    )
+    from sexpgpu.checkpoint.find import has_checkpoint
+    from sexpgpu.errors import CheckpointError
 
     storage, key = open_checkpoint(location)
-    click.echo(render_checkpoint(describe_checkpoint(storage, key)), nl=False)
+    if not key and not has_checkpoint(storage):
+        entries = list_checkpoints(storage)
+        if entries:
+            click.echo(render_listing(storage.uri, entries), nl=False)
+            return
+    description = describe_checkpoint(storage, key)
+    click.echo(render_checkpoint(description), nl=False)
+    if description.problems:
+        count = len(description.problems)
+        raise CheckpointError(
+            f"{shown(description.location)}: the tensor files disagree with experiment.json "
+            f"({count} problem{'s' if count != 1 else ''}, flagged with ! above)",
+            code=E_DAMAGED,
+        )
+
+
+def shown(value: object) -> str:
+    """``value`` as text safe on a terminal: control characters (escape sequences,
+    newlines, carriage returns) and other unprintable ones written as escapes."""
+    text = str(value)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+
+
+def render_listing(uri: str, entries: list[CheckpointEntry]) -> str:
+    """What ``sexpgpu checkpoint LOCATION`` prints: one line per ``step-<n>``, oldest first."""
+    import datetime
+
+    rows = [("step", "complete", "finished", "size", "written")]
+    problems = []
+    for e in entries:
+        when = "-"
+        if e.written is not None:
+            moment = datetime.datetime.fromtimestamp(e.written, tz=datetime.timezone.utc)
+            when = moment.strftime("%Y-%m-%d %H:%M:%S UTC")
+        finished = "-" if e.finished is None else ("true" if e.finished else "false")
+        if e.problem is not None:
+            finished = "?"
+            problems.append(f"! {e.key}: {shown(e.problem)}")
+        complete = "yes" if e.complete else "no (cut off)"
+        size = "-" if e.size is None else _size(e.size)
+        rows.append((str(e.step), complete, finished, size, when))
+    return "\n".join([f"checkpoints in {shown(uri)}", *_table(rows), *problems]) + "\n"
+
+
+def _size(size: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if size >= scale:
+            return f"{size / scale:.1f} {unit}"
+    return f"{size} B"
 
 
 def render_checkpoint(description: CheckpointDescription) -> str:
@@ -39,7 +106,7 @@ def render_checkpoint(description: CheckpointDescription) -> str:
 
     d = description
     devices = str(d.devices) + (f" on {d.nodes} nodes" if d.nodes != 1 else "")
-    lines = [f"checkpoint {d.location}"]
+    lines = [f"checkpoint {shown(d.location)}"]
     for label, value in (
         ("step", d.step),
         ("sexpgpu", d.sexpgpu),
@@ -49,10 +116,10 @@ def render_checkpoint(description: CheckpointDescription) -> str:
         ("seed", d.seed),
         ("counters", ", ".join(d.counters) or "-"),
     ):
-        lines.append(f"{label.ljust(_LABEL)}{value}")
+        lines.append(f"{label.ljust(_LABEL)}{shown(value)}")
     lines.append("sources")
     lines += _table([(s.name, s.sha256) for s in d.sources], least=_SOURCE_NAME)
-    lines.append(f"{'slug'.ljust(_LABEL)}{d.slug}")
+    lines.append(f"{'slug'.ljust(_LABEL)}{shown(d.slug)}")
     lines.append(f"{'finished'.ljust(_LABEL)}{'true' if d.finished else 'false'}")
     lines.append("knobs")
     lines += _table([(k.name, value_text(k.value), k.source) for k in d.knobs])
@@ -62,6 +129,7 @@ def render_checkpoint(description: CheckpointDescription) -> str:
     lines += _table([(load.path, _load_text(load)) for load in d.loaded])
     for file in d.files:
         lines += _tensor_lines(file)
+    lines += [f"! {shown(problem)}" for problem in d.problems]
     return "\n".join(lines) + "\n"
 
 
@@ -99,8 +167,9 @@ def _table(rows: list[tuple[str, ...]], indent: str = "  ", least: int = 0) -> l
     ``least`` wide) plus two spaces."""
     if not rows:
         return []
-    widths = [max(least, *(len(row[i]) for row in rows)) for i in range(len(rows[0]) - 1)]
     lines = []
+    rows = [tuple(shown(cell) for cell in row) for row in rows]
+    widths = [max(least, *(len(row[i]) for row in rows)) for i in range(len(rows[0]) - 1)]
     for row in rows:
         cells = [cell.ljust(width) for cell, width in zip(row[:-1], widths, strict=True)]
         lines.append((indent + "  ".join([*cells, row[-1]])).rstrip())

@@ -12,7 +12,7 @@ from sexpgpu_cli.options import parse_sets
 @click.command("run")
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--set", "sets", multiple=True, metavar="NAME=VALUE", help="Set a knob (repeatable).")
-@click.option("--steps", type=click.IntRange(min=0), help="Set the knob `steps`.")
+@click.option("--steps", type=click.IntRange(min=1), help="Set the knob `steps`.")
 @click.option("--variant", help="Take a variant's knob values.")
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N.")
 @click.option(
@@ -45,7 +45,26 @@ from sexpgpu_cli.options import parse_sets
     type=click.Choice(["pinned", "fresh"]),
     default="pinned",
     show_default=True,
-    help="On resume, take the checkpoint's recorded kernel choices, or choose again.",
+    help="On resume, take the checkpoint's recorded choices (kernels, CPU threads...), "
+    "or choose again.",
+)
+@click.option(
+    "--threads",
+    type=click.IntRange(min=1),
+    help="The CPU's intra-op thread count (default: OMP_NUM_THREADS, else torch's, "
+    "from the cores this process may use). Recorded, and pinned on resume.",
+)
+@click.option(
+    "--keep-last",
+    type=click.IntRange(min=1),
+    help="Keep only the newest N complete checkpoints (wins over the file's :keep-last).",
+)
+@click.option(
+    "--log-every",
+    default="30s",
+    show_default=True,
+    metavar="N|Ns|N,Ms",
+    help="Off a terminal, log a step line every N steps and/or every N seconds.",
 )
 def run(
     file: str,
@@ -58,8 +77,17 @@ def run(
     checkpoint_dir: str | None,
     resume: str | None,
     choices: str,
+    threads: int | None,
+    keep_last: int | None,
+    log_every: str,
 ) -> None:
     """Train FILE, checkpointing to --checkpoint-dir and resuming with --resume."""
+    from sexpgpu.cpu_choices import pin_environment
+
+    # First, before torch is imported: ATen and MKL read their settings when they start.
+    pin_environment(
+        resume or None, checkpoint_dir or None, fresh=choices == "fresh", threads=threads
+    )
     from sexpgpu.run import RunOptions
     from sexpgpu.run import run as run_file
 
@@ -75,7 +103,10 @@ def run(
             checkpoint_dir=checkpoint_dir or None,
             resume=resume or None,
             fresh_choices=choices == "fresh",
+            threads=threads,
             progress=True,
+            keep_last=keep_last,
+            log_every=log_every,
         )
     )
     if outcome.message:

@@ -21,7 +21,9 @@ codes), :mod:`~sexpgpu.checkpoint.records` (the two JSON records),
 :mod:`~sexpgpu.checkpoint.write`, :mod:`~sexpgpu.checkpoint.find`,
 :mod:`~sexpgpu.checkpoint.read`, :mod:`~sexpgpu.checkpoint.resume` (the resume
 policy) and :mod:`~sexpgpu.checkpoint.describe` (what ``sexpgpu checkpoint``
-shows, as data). The names below are the layer's public API.
+shows, as data), :mod:`~sexpgpu.checkpoint.integrity` (CRC32C checksums),
+:mod:`~sexpgpu.checkpoint.schema` (the records' JSON Schemas, bounded JSON) and
+:mod:`~sexpgpu.checkpoint.tidy` (removing what cut-off writes left). The names below are the layer's public API.
 """
 
 from __future__ import annotations
@@ -35,19 +37,27 @@ from sexpgpu.checkpoint.describe import (
     TensorHeader,
     describe_checkpoint,
 )
-from sexpgpu.checkpoint.find import find_latest, open_checkpoint, resolve_resume
+from sexpgpu.checkpoint.find import (
+    complete_before,
+    find_latest,
+    open_checkpoint,
+    resolve_resume,
+)
 from sexpgpu.checkpoint.format import (
     decode_safetensors,
     encode_safetensors,
     layout_tensors,
     parse_header,
 )
+from sexpgpu.checkpoint.integrity import crc32c
 from sexpgpu.checkpoint.keys import (
     E_CHANGED,
+    E_CHECKSUM,
     E_DAMAGED,
     E_FOREIGN,
     E_MISSING,
     E_RESUME_LATEST,
+    E_TOO_DEEP,
     EXPERIMENT_FILE,
     FILES,
     FORMAT,
@@ -58,6 +68,7 @@ from sexpgpu.checkpoint.keys import (
     parse_step_key,
     step_key,
 )
+from sexpgpu.checkpoint.listing import CheckpointEntry, list_checkpoints
 from sexpgpu.checkpoint.read import (
     Loaded,
     load_checkpoint,
@@ -72,12 +83,32 @@ from sexpgpu.checkpoint.records import (
     state_record,
     value_text,
 )
-from sexpgpu.checkpoint.resume import E_DEVICES, compare_for_resume
+from sexpgpu.checkpoint.resume import (
+    E_DEVICES,
+    check_position,
+    compare_for_resume,
+    compare_loads,
+    load_for_resume,
+)
+from sexpgpu.checkpoint.schema import EXPERIMENT_SCHEMA, SLUG_PATTERN, STATE_SCHEMA
+from sexpgpu.checkpoint.tidy import remove_leftovers
 from sexpgpu.checkpoint.write import write_checkpoint
 
 __all__ = [
     "E_CHANGED",
+    "E_CHECKSUM",
     "E_DAMAGED",
+    "E_TOO_DEEP",
+    "EXPERIMENT_SCHEMA",
+    "SLUG_PATTERN",
+    "STATE_SCHEMA",
+    "CheckpointEntry",
+    "check_position",
+    "complete_before",
+    "crc32c",
+    "list_checkpoints",
+    "load_for_resume",
+    "remove_leftovers",
     "E_DEVICES",
     "E_FOREIGN",
     "E_MISSING",
@@ -96,6 +127,7 @@ __all__ = [
     "TensorFile",
     "TensorHeader",
     "compare_for_resume",
+    "compare_loads",
     "decode_safetensors",
     "describe_checkpoint",
     "encode_safetensors",

@@ -88,6 +88,9 @@ class CheckpointDescription:
     choices: tuple[tuple[str, str], ...]
     loaded: tuple[LoadRecord, ...]
     files: tuple[TensorFile, ...]
+    problems: tuple[str, ...] = ()
+    """Where the tensor headers disagree with ``experiment.json``, one line each (the
+    checks a resume makes of the tensors, less their bytes); empty when they agree."""
 
 
 def describe_checkpoint(storage: Storage, key: str) -> CheckpointDescription:
@@ -96,7 +99,8 @@ def describe_checkpoint(storage: Storage, key: str) -> CheckpointDescription:
     headers (by ranged reads), never tensor data. A location without
     ``experiment.json`` is an error (``E-CKPT-001``)."""
     experiment = read_experiment(storage, key)
-    state = read_state(storage, key)
+    state = read_state(storage, key, experiment)
+    files, problems = _tensor_files(storage, key, experiment)
     return CheckpointDescription(
         location=location_of(storage, key),
         step=state["step"],
@@ -119,7 +123,8 @@ def describe_checkpoint(storage: Storage, key: str) -> CheckpointDescription:
         ),
         choices=tuple((site, str(name)) for site, name in experiment["choices"].items()),
         loaded=_loaded(experiment),
-        files=_tensor_files(storage, key, experiment),
+        files=files,
+        problems=problems,
     )
 
 
@@ -141,13 +146,20 @@ def _loaded(experiment: dict[str, Any]) -> tuple[LoadRecord, ...]:
     return tuple(rows)
 
 
-def _tensor_files(storage: Storage, key: str, experiment: dict[str, Any]) -> tuple[TensorFile, ...]:
+def _tensor_files(
+    storage: Storage, key: str, experiment: dict[str, Any]
+) -> tuple[tuple[TensorFile, ...], tuple[str, ...]]:
+    """Each tensor file's tensors from its header, and where they disagree with
+    ``experiment.json``."""
     declared = {entry["path"]: entry for entry in experiment["params"]}
     want_params, want_states = expected_tensors(experiment)
-    files = []
-    for file, order in ((PARAMS_FILE, list(want_params)), (STATES_FILE, list(want_states))):
+    state_shapes = {name: want_params.get(path) for name, path in want_states.items()}
+    files, problems = [], []
+    for file, wanted in ((PARAMS_FILE, want_params), (STATES_FILE, state_shapes)):
         header = read_header(storage, file_key(key, file))
+        order = list(wanted)
         names = [n for n in order if n in header] + sorted(n for n in header if n not in order)
+        problems += _header_problems(file, header, wanted)
         tensors = []
         for name in names:
             param = declared.get(name) if file == PARAMS_FILE else None
@@ -161,4 +173,20 @@ def _tensor_files(storage: Storage, key: str, experiment: dict[str, Any]) -> tup
                 )
             )
         files.append(TensorFile(file, tuple(tensors)))
-    return tuple(files)
+    return tuple(files), tuple(problems)
+
+
+def _header_problems(file: str, header: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
+    """What a resume would refuse in a tensor file, told from its header alone."""
+    problems = [f"{file}: {name} is missing" for name in wanted if name not in header]
+    for name, entry in header.items():
+        if name not in wanted:
+            problems.append(f"{file}: {name} is not in experiment.json")
+            continue
+        if entry["dtype"] != "F32":
+            problems.append(f"{file}: {name} is {entry['dtype']}, where every tensor is F32")
+        shape, want = list(entry["shape"]), wanted[name]
+        # A state is per parameter: its shape is the parameter's, or a scalar.
+        if want is not None and shape != want and not (file == STATES_FILE and shape == []):
+            problems.append(f"{file}: {name} has the shape {shape}, where it should be {want}")
+    return problems

@@ -14,10 +14,33 @@ from sexpgpu.checkpoint.keys import (
     location_of,
     parse_step_key,
 )
-from sexpgpu.errors import CheckpointError, UsageError
+from sexpgpu.errors import CheckpointError, StorageError, UsageError
 
 if TYPE_CHECKING:
     from sexpgpu.extension import Storage
+
+
+def steps_of(storage: Storage) -> list[tuple[int, str]]:
+    """(step, key) of every ``step-<n>`` child of the location, lowest first."""
+    steps = []
+    for name in storage.list_children(""):
+        step = parse_step_key(name)
+        if step is not None:
+            steps.append((step, name.rstrip("/")))
+    return sorted(steps)
+
+
+def complete_before(storage: Storage, key: str) -> str | None:
+    """The key of the highest complete ``step-<n>`` below the checkpoint ``key``, or ``None``."""
+    limit = parse_step_key(key)
+    for step, name in reversed(steps_of(storage)):
+        if limit is not None and step < limit:
+            try:
+                if storage.exists(file_key(name, EXPERIMENT_FILE)):
+                    return name
+            except StorageError:
+                continue  # a folder that is not one (a link) is no checkpoint to name
+    return None
 
 
 def find_latest(storage: Storage) -> str | None:
@@ -27,12 +50,7 @@ def find_latest(storage: Storage) -> str | None:
     without ``experiment.json`` (a write cut off). A location that cannot be
     listed raises :class:`sexpgpu.errors.StorageError`: never a fresh start.
     """
-    steps = []
-    for name in storage.list_children(""):
-        step = parse_step_key(name)
-        if step is not None:
-            steps.append((step, name.rstrip("/")))
-    for _, name in sorted(steps, reverse=True):
+    for _, name in reversed(steps_of(storage)):
         if storage.exists(file_key(name, EXPERIMENT_FILE)):
             return name
     return None
@@ -42,14 +60,24 @@ def open_checkpoint(location: str) -> tuple[Storage, str]:
     """Open a checkpoint named by its location (``/tmp/run/step-00000004``,
     ``s3://bucket/prefix/step-00000004``) as (storage of its parent, key).
 
-    A location whose last part is not ``step-<n>`` (a copied checkpoint) is
-    opened itself, with the key ``""``. Nothing is read yet.
+    A location whose last part is not ``step-<n>`` (a copied checkpoint, or a
+    checkpoint location to list) is opened itself, with the key ``""``;
+    ``<location>/latest`` is the newest complete ``step-<n>`` under it, found by
+    listing. Nothing else is read yet.
     """
     from sexpgpu.storage import open_location, scheme_of
 
     text = location.strip()
     trimmed = text.rstrip("/") or text
     parent, _, name = trimmed.rpartition("/")
+    if name == "latest" and parent and not parent.endswith(":/"):
+        storage = open_location(parent)
+        key = find_latest(storage)
+        if key is None:
+            raise CheckpointError(
+                f"there is no complete checkpoint under {storage.uri}", code=E_MISSING
+            )
+        return storage, key
     if parse_step_key(name) is None:
         return open_location(trimmed), ""
     if not parent or parent.endswith(":/"):
@@ -98,3 +126,9 @@ def require_complete(storage: Storage, key: str) -> None:
             code=E_MISSING,
         )
     raise CheckpointError(f"there is no checkpoint at {where}", code=E_MISSING)
+
+
+def has_checkpoint(storage: Storage) -> bool:
+    """Whether the location itself holds a checkpoint (a copied one: ``experiment.json``
+    or another checkpoint file at its top), rather than ``step-<n>`` folders."""
+    return any(storage.exists(name) for name in FILES)

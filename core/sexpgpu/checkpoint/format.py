@@ -193,10 +193,9 @@ def parse_header(raw: bytes, where: str) -> tuple[dict[str, Any], int]:
     hold exactly its bytes, one after the other from 0, as the format requires;
     anything else raises :class:`CheckpointError`.
     """
-    try:
-        header = json.loads(bytes(raw).decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
-        raise damaged(where, "its header is not JSON (truncated?)") from None
+    from sexpgpu.checkpoint.schema import load_json
+
+    header = load_json(raw, where, lambda at, _: damaged(at, "its header is not JSON (truncated?)"))
     if not isinstance(header, dict):
         raise damaged(where, "its header is not a JSON object")
     header.pop("__metadata__", None)

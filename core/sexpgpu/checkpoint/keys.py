@@ -32,6 +32,10 @@ E_CHANGED = "E-CKPT-004"
 """This program's parameters or optimizer states are not the checkpoint's."""
 E_RESUME_LATEST = "E-CKPT-005"
 """``--resume latest`` without a checkpoint location."""
+E_CHECKSUM = "E-CKPT-006"
+"""A checkpoint file whose size or CRC32C is not the one ``experiment.json`` records."""
+E_TOO_DEEP = "E-CKPT-007"
+"""A checkpoint's JSON (a record or a safetensors header) nested beyond any sexpgpu writes."""
 
 _STEP_KEY = re.compile(r"^step-(\d{8,})$")
 

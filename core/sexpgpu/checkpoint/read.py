@@ -4,13 +4,13 @@ damaged or foreign checkpoint is refused with one clear error."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from sexpgpu.checkpoint.find import require_complete
 from sexpgpu.checkpoint.format import decode_safetensors, header_length, parse_header
+from sexpgpu.checkpoint.integrity import verify
 from sexpgpu.checkpoint.keys import (
     E_DAMAGED,
     E_FOREIGN,
@@ -21,6 +21,7 @@ from sexpgpu.checkpoint.keys import (
     damaged,
     file_key,
     location_of,
+    parse_step_key,
 )
 from sexpgpu.checkpoint.records import (
     check_experiment,
@@ -28,6 +29,7 @@ from sexpgpu.checkpoint.records import (
     expected_tensors,
     is_dotted_path,
 )
+from sexpgpu.checkpoint.schema import load_json
 from sexpgpu.errors import CheckpointError, StorageError
 from sexpgpu.storage import NO_SUCH_LOCATION
 
@@ -53,26 +55,34 @@ class Loaded:
         return int(self.state["step"])
 
 
-def _read_json(storage: Storage, key: str, name: str) -> Any:
+def _read_json(storage: Storage, key: str, name: str) -> tuple[Any, bytes]:
+    """A checkpoint's JSON file decoded (nesting bounded) and its bytes, to be verified
+    against its checksum once its content has been checked (which says more)."""
     where = location_of(storage, file_key(key, name))
     data = _read_part(storage, file_key(key, name))
-    try:
-        return json.loads(bytes(data).decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
-        raise damaged(where, "it is not valid JSON (truncated?)") from None
+    return load_json(data, where, damaged), data
 
 
 def read_experiment(storage: Storage, key: str) -> dict[str, Any]:
     """``experiment.json`` of the checkpoint at ``key``, checked to be one this sexpgpu reads."""
     require_complete(storage, key)
     where = location_of(storage, file_key(key, EXPERIMENT_FILE))
-    return check_experiment(_read_json(storage, key, EXPERIMENT_FILE), where)
+    return check_experiment(_read_json(storage, key, EXPERIMENT_FILE)[0], where)
 
 
-def read_state(storage: Storage, key: str) -> dict[str, Any]:
-    """``state.json`` of the checkpoint at ``key``, checked."""
+def read_state(
+    storage: Storage, key: str, experiment: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """``state.json`` of the checkpoint at ``key``, checked: its schema, its step against
+    the folder's ``step-<n>``, and its checksum when ``experiment`` (the checkpoint's
+    ``experiment.json``) records one."""
     where = location_of(storage, file_key(key, STATE_FILE))
-    return check_state(_read_json(storage, key, STATE_FILE), where)
+    files = experiment.get("files") if experiment is not None else None
+    folder = parse_step_key(key.rsplit("/", 1)[-1]) if key else None
+    record, data = _read_json(storage, key, STATE_FILE)
+    state = check_state(record, where, step=folder)
+    verify(data, (files or {}).get(STATE_FILE), where)
+    return state
 
 
 def _read_part(storage: Storage, path: str, start: int = 0, length: int | None = None) -> bytes:
@@ -138,11 +148,32 @@ def _check_names(header: Mapping[str, Any], expected: set[str], where: str, what
         )
 
 
-def _read_tensor_file(storage: Storage, key: str, name: str) -> tuple[dict[str, np.ndarray], str]:
-    """A checkpoint's tensor file, decoded, and where it is (for messages)."""
+def _read_tensor_file(
+    storage: Storage, key: str, name: str, files: Mapping[str, Any] | None
+) -> tuple[dict[str, np.ndarray], str, bytes]:
+    """A checkpoint's tensor file decoded, where it is (for messages) and its bytes, to
+    be verified once its structure has been checked (which says more than a checksum)."""
     path = file_key(key, name)
     where = location_of(storage, path)
-    return decode_safetensors(_read_part(storage, path), where), where
+    data = _read_part(storage, path)
+    return decode_safetensors(data, where), where, data
+
+
+def _check_tensors(
+    arrays: Mapping[str, np.ndarray],
+    shapes: Mapping[str, list],
+    where: str,
+    what: str,
+    declared: str,
+) -> None:
+    """Every tensor is F32 (how a checkpoint stores parameters and states, ``bf16``
+    included) with its declared shape; a state may also be a scalar."""
+    for name, array in arrays.items():
+        if array.dtype.name != "float32":
+            raise damaged(where, f"{name} is {array.dtype}, where a {what} is stored as F32")
+        shape = list(array.shape)
+        if shape != shapes[name] and not (what == "state" and shape == []):
+            raise damaged(where, f"{name} has the shape {shape}, where {declared} {shapes[name]}")
 
 
 def load_checkpoint(storage: Storage, key: str, *, with_states: bool = True) -> Loaded:
@@ -155,32 +186,23 @@ def load_checkpoint(storage: Storage, key: str, *, with_states: bool = True) -> 
     skips ``states.safetensors`` (evaluation never needs it).
     """
     experiment = read_experiment(storage, key)
-    state = read_state(storage, key)
+    state = read_state(storage, key, experiment)
+    files = experiment.get("files")
     want_params, want_states = expected_tensors(experiment)
     shapes = {entry["path"]: entry["shape"] for entry in experiment["params"]}
 
-    params, where = _read_tensor_file(storage, key, PARAMS_FILE)
+    params, where, data = _read_tensor_file(storage, key, PARAMS_FILE, files)
     _check_names(params, set(want_params), where, "parameter")
-    for name, array in params.items():
-        if array.dtype.name != "float32":
-            raise damaged(where, f"{name} is {array.dtype}, where a parameter is stored as F32")
-        if list(array.shape) != want_params[name]:
-            raise damaged(
-                where,
-                f"{name} has the shape {list(array.shape)}, "
-                f"where experiment.json says {want_params[name]}",
-            )
+    _check_tensors(params, want_params, where, "parameter", "experiment.json says")
+    verify(data, (files or {}).get(PARAMS_FILE), where)
+    del data
 
     states: dict[str, np.ndarray] = {}
     if with_states:
-        states, where = _read_tensor_file(storage, key, STATES_FILE)
+        states, where, data = _read_tensor_file(storage, key, STATES_FILE, files)
         _check_names(states, set(want_states), where, "state")
-        for name, array in states.items():
-            shape = shapes[want_states[name]]
-            # A state is per parameter: its shape is the parameter's, or a scalar.
-            if list(array.shape) not in (shape, []):
-                raise damaged(
-                    where,
-                    f"{name} has the shape {list(array.shape)}, where its parameter is {shape}",
-                )
+        # A state is per parameter: its shape is the parameter's, or a scalar.
+        allowed = {name: shapes[path] for name, path in want_states.items()}
+        _check_tensors(states, allowed, where, "state", "its parameter is")
+        verify(data, (files or {}).get(STATES_FILE), where)
     return Loaded(location_of(storage, key), experiment, state, params, states)

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from sexpgpu.checkpoint.keys import E_FOREIGN, FORMAT, damaged, is_count
+from sexpgpu.checkpoint.schema import EXPERIMENT_SCHEMA, STATE_SCHEMA, violation
 from sexpgpu.errors import CheckpointError
 
 if TYPE_CHECKING:
@@ -19,7 +20,6 @@ if TYPE_CHECKING:
 # One component of a dotted parameter path: no separators, no whitespace, no
 # control characters; splitting on "." already rules out "" and "..".
 _PATH_PART = re.compile(r"^[^\s/\\.\x00-\x1f\x7f]+$")
-_STATE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def jsonable(value: Any) -> Any:
@@ -177,72 +177,46 @@ def _check_format(record: Any, where: str) -> None:
         )
 
 
-def _check_params(params: Any, where: str) -> set[str]:
-    """The paths of ``experiment.json``'s params list, each entry checked."""
-    if not isinstance(params, list):
-        raise _foreign(where, "it has no params list")
+def _check_params(params: list[dict[str, Any]], where: str) -> set[str]:
+    """The paths of ``experiment.json``'s params list (its schema already checked), each a
+    dotted path listed once."""
     seen = set()
     for entry in params:
-        if not isinstance(entry, dict):
-            raise _foreign(where, "a params entry is not an object")
-        path = _check_path(entry.get("path"), where)
+        path = _check_path(entry["path"], where)
         if path in seen:
             raise _foreign(where, f"{path} is listed twice")
         seen.add(path)
-        shape = entry.get("shape")
-        if not isinstance(shape, list) or not all(is_count(n) for n in shape):
-            raise _foreign(where, f"{path} has no shape")
-        if entry.get("dtype") not in ("f32", "bf16"):
-            raise _foreign(where, f"{path} has the dtype {entry.get('dtype')!r}")
-        if not isinstance(entry.get("trainable"), bool):
-            raise _foreign(where, f"{path} does not say whether it trains")
-        tags = entry.get("tags", [])
-        if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
-            raise _foreign(where, f"{path} has tags that are not names")
-        load = entry.get("load")
-        if load is not None and not (isinstance(load, dict) and isinstance(load.get("uri"), str)):
-            raise _foreign(where, f"{path} has a load that names no file")
     return seen
 
 
 def check_experiment(record: Any, where: str) -> dict[str, Any]:
     """``record`` (the JSON of the ``experiment.json`` at ``where``) if it is one this
-    sexpgpu reads; otherwise :class:`CheckpointError` (``E-CKPT-003``) saying why."""
+    sexpgpu reads: its format, then its schema (:data:`~sexpgpu.checkpoint.schema.EXPERIMENT_SCHEMA`),
+    then what a schema cannot say. Otherwise :class:`CheckpointError` (``E-CKPT-003``)."""
     _check_format(record, where)
-    seen = _check_params(record.get("params"), where)
-    states = record.get("states", {})
-    if not isinstance(states, dict):
-        raise _foreign(where, "its states are not an object")
-    for path, names in states.items():
+    said = violation(record, EXPERIMENT_SCHEMA)
+    if said is not None:
+        raise _foreign(where, said)
+    seen = _check_params(record["params"], where)
+    for path in record.get("states", {}):
         if path not in seen:
             raise _foreign(where, f"it has states for {path!r}, which is not one of its parameters")
-        if not isinstance(names, list) or not all(
-            isinstance(n, str) and _STATE_NAME.match(n) for n in names
-        ):
-            raise _foreign(where, f"the state names of {path} are not names")
-    for name, kind in (("sources", list), ("knobs", list), ("choices", dict), ("slug", str)):
-        if not isinstance(record.get(name), kind):
-            raise _foreign(where, f"it has no {name}")
-    for name in ("devices", "nodes"):
-        if not is_count(record.get(name, 1)):
-            raise _foreign(where, f"its {name} is not a count")
     return record
 
 
-def check_state(state: Any, where: str) -> dict[str, Any]:
-    """``state`` (the JSON of the ``state.json`` at ``where``) if it is whole; otherwise
-    :class:`CheckpointError` (``E-CKPT-002``) saying what is wrong."""
+def check_state(state: Any, where: str, *, step: int | None = None) -> dict[str, Any]:
+    """``state`` (the JSON of the ``state.json`` at ``where``) if it fits
+    :data:`~sexpgpu.checkpoint.schema.STATE_SCHEMA` and, when the folder names one,
+    holds the folder's ``step``; otherwise :class:`CheckpointError` (``E-CKPT-002``)."""
     if not isinstance(state, dict):
         raise damaged(where, "it is not a JSON object")
-    for name in ("step", "stage", "records", "seed"):
-        value = state.get(name)
-        if not isinstance(value, int) or isinstance(value, bool) or (name != "seed" and value < 0):
-            raise damaged(where, f"its {name} is not a whole number")
-    counters = state.get("counters", {})
-    if not isinstance(counters, dict) or not all(is_count(v) for v in counters.values()):
-        raise damaged(where, "its counters are not counts")
-    if state.get("loader") is not None and not isinstance(state["loader"], dict):
-        raise damaged(where, "its loader position is not a JSON object")
+    said = violation(state, STATE_SCHEMA)
+    if said is not None:
+        raise damaged(where, said)
+    if step is not None and state["step"] != step:
+        raise damaged(
+            where, f"its step is {state['step']}, where its folder is the checkpoint of step {step}"
+        )
     return state
 
 

@@ -14,9 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 from sexpgpu.checkpoint.keys import E_CHANGED
 from sexpgpu.checkpoint.records import jsonable, shape_text, value_text
-from sexpgpu.errors import CheckpointError
+from sexpgpu.errors import CheckpointError, SexpError, StorageError
 
 if TYPE_CHECKING:
+    from sexpgpu.checkpoint.read import Loaded
+    from sexpgpu.extension import Storage
     from sexpgpu.graph import Program
 
 E_DEVICES = "E-DP-002"
@@ -133,3 +135,110 @@ def _devices(devices: int, nodes: int) -> str:
 
 def _names(names: tuple[str, ...]) -> str:
     return ", ".join(names) if names else "none"
+
+
+def check_position(state: Mapping[str, Any], program: Program, where: str) -> None:
+    """Nothing when ``state`` (a checkpoint's ``state.json``, its schema checked) is a
+    position in ``program``: its stage exists and every pass it owes is one of the
+    program's. Otherwise :class:`CheckpointError` (``E-CKPT-004``) naming the field."""
+    stages = len(program.stages)
+    if state["stage"] >= stages:
+        raise CheckpointError(
+            f"{where} is at stage {state['stage']}, and this program has {stages} "
+            f"stage{'s' if stages != 1 else ''}; resume with the program that wrote it",
+            code=E_CHANGED,
+        )
+    known = {eval_pass.name for eval_pass in program.evals}
+    unknown = [name for name in state.get("evals_pending", []) if name not in known]
+    if unknown:
+        raise CheckpointError(
+            f"{where} owes the evaluation pass {unknown[0]!r}, which this program does not "
+            "have; resume with the program that wrote it",
+            code=E_CHANGED,
+        )
+
+
+def load_for_resume(storage: Storage, key: str, program: Program, *, latest: bool) -> Loaded:
+    """The checkpoint at ``key`` read and verified for ``program`` to continue it
+    (:func:`~sexpgpu.checkpoint.load_checkpoint`, then :func:`check_position`).
+
+    With ``latest`` (the key ``--resume latest`` found), a checkpoint that cannot be
+    read is refused with its error, which then also names the complete checkpoint
+    before it that the user may pass to ``--resume``: never a silent fall-back.
+    """
+    from sexpgpu.checkpoint.keys import STATE_FILE, file_key, location_of
+    from sexpgpu.checkpoint.read import load_checkpoint
+
+    try:
+        loaded = load_checkpoint(storage, key, with_states=True)
+    except (CheckpointError, StorageError) as error:
+        if not latest or error.code == E_CHANGED:
+            raise
+        raise _latest_damaged(storage, key, error) from None
+    check_position(loaded.state, program, location_of(storage, file_key(key, STATE_FILE)))
+    return loaded
+
+
+def _latest_damaged(storage: Storage, key: str, error: SexpError) -> SexpError:
+    from sexpgpu.checkpoint.find import complete_before
+    from sexpgpu.checkpoint.keys import location_of
+
+    before = complete_before(storage, key)
+    if before is None:
+        hint = "there is no complete checkpoint before it (move it aside to start afresh)"
+    else:
+        hint = f"to resume from the one before it, pass --resume {location_of(storage, before)}"
+    # Same class and code, so the cause stays what it is; the line says what to do.
+    return type(error)(
+        f"{error.message}; --resume latest never falls back to an older checkpoint: {hint}",
+        code=error.code,
+    )
+
+
+E_LOAD_CHANGED = "E-LOAD-001"
+"""A resume whose ``:load`` file is not the bytes the checkpoint's run read."""
+
+
+def compare_loads(recorded: Mapping[str, Any], found: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Check the files this run's ``:load`` parameters were read from (``found``: each
+    path's ``{"uri", "tensor", "size", "version"}``) against the ones a checkpoint's
+    ``experiment.json`` pinned.
+
+    Raises :class:`CheckpointError` (``E-LOAD-001``) with one line per parameter
+    whose file has other bytes (size or version), whose tensor is another, or that
+    is read from a file in one and not the other. Returns one ``load <path> <old>
+    -> <new>`` line per file found with the same bytes at another path.
+    """
+    refused, moved = [], []
+    for entry in recorded["params"]:
+        old, path = entry.get("load"), entry["path"]
+        new = found.get(path)
+        if old is None and new is None:
+            continue
+        same = (
+            old is not None
+            and new is not None
+            and (old.get("size"), old.get("version"), old.get("tensor"))
+            == (new["size"], new["version"], new["tensor"])
+        )
+        if not same:
+            refused.append(f"  {path}: {_pinned(old)} -> {_pinned(new)}")
+        elif old.get("uri") != new["uri"]:
+            moved.append(f"load {path} {old.get('uri')} -> {new['uri']}")
+    if refused:
+        raise CheckpointError(
+            "a loaded parameter's file is not the one the checkpoint's run read:\n"
+            + "\n".join(refused)
+            + "\nrestore that file, or start the run again",
+            code=E_LOAD_CHANGED,
+        )
+    return moved
+
+
+def _pinned(load: Mapping[str, Any] | None) -> str:
+    if load is None:
+        return "not read from a file"
+    return (
+        f"{load.get('tensor')} in {load.get('uri')}, {load.get('size')} bytes, "
+        f"{load.get('version')}"
+    )

@@ -1,13 +1,24 @@
 """Writing a step's checkpoint: the two tensor files and ``state.json`` together,
-then ``experiment.json`` last, so a write cut off is never taken for a checkpoint."""
+then ``experiment.json`` last, so a write cut off is never taken for a checkpoint.
+
+Each file's size and CRC32C go into ``experiment.json`` (``files``) and to the
+storage backend with the file, so an object store verifies the bytes it receives
+and a reader verifies the bytes it reads. Once the checkpoint is stored, what
+earlier writes that were cut off left under the location is removed
+(:mod:`sexpgpu.checkpoint.tidy`).
+"""
 
 from __future__ import annotations
 
+import inspect
 import json
+import time
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from sexpgpu.checkpoint.format import encode_safetensors
+from sexpgpu.checkpoint.integrity import file_record
 from sexpgpu.checkpoint.keys import (
     EXPERIMENT_FILE,
     PARAMS_FILE,
@@ -16,6 +27,7 @@ from sexpgpu.checkpoint.keys import (
     file_key,
     step_key,
 )
+from sexpgpu.checkpoint.tidy import remove_leftovers
 
 if TYPE_CHECKING:
     import numpy as np
@@ -33,23 +45,53 @@ def write_checkpoint(
 ) -> str:
     """Write the checkpoint of ``step`` under ``storage`` and return its key (``step-00000004``).
 
-    The two tensor files and ``state.json`` are written concurrently; only once
-    ``write_many`` has returned is ``experiment.json`` written, so a checkpoint
-    cut off half way is never taken for a complete one. A complete checkpoint
-    already at that step loses its ``experiment.json`` first, so it is never
-    complete with a mix of old and new files.
+    The two tensor files and ``state.json`` are written concurrently, their
+    checksums computed meanwhile; only once ``write_many`` has returned is
+    ``experiment.json`` written, with ``files`` (each file's size and CRC32C) and
+    ``written`` (unix seconds) added, so a checkpoint cut off half way is never
+    taken for a complete one. A complete checkpoint already at that step loses
+    its ``experiment.json`` first, so it is never complete with a mix of old and
+    new files.
     """
     key = step_key(step)
     storage.delete(file_key(key, EXPERIMENT_FILE))
-    storage.write_many(
-        {
-            file_key(key, PARAMS_FILE): memoryview(encode_safetensors(params)),
-            file_key(key, STATES_FILE): memoryview(encode_safetensors(states)),
-            file_key(key, STATE_FILE): _json_bytes(state),
-        }
-    )
-    storage.write(file_key(key, EXPERIMENT_FILE), _json_bytes(experiment))
+    files = {
+        PARAMS_FILE: memoryview(encode_safetensors(params)),
+        STATES_FILE: memoryview(encode_safetensors(states)),
+        STATE_FILE: memoryview(_json_bytes(state)),
+    }
+    records = _store(storage, key, files)
+    stored = {**experiment, "files": records, "written": round(time.time(), 3)}
+    storage.write(file_key(key, EXPERIMENT_FILE), _json_bytes(stored))
+    remove_leftovers(storage, step)
     return key
+
+
+def _store(storage: Storage, key: str, files: Mapping[str, memoryview]) -> dict[str, Any]:
+    """Write ``files`` into the checkpoint folder ``key`` and return each one's record.
+
+    A backend whose ``write_many`` takes ``crc32c`` (the built-in ones) is handed
+    the checksums so the service verifies the upload; the checksums are computed
+    first then (a few milliseconds per GB). Another backend's writes run while the
+    checksums are computed on the side (the checksum releases the GIL).
+    """
+    items = {file_key(key, name): view for name, view in files.items()}
+    if _takes_crc32c(storage):
+        records = {name: file_record(view) for name, view in files.items()}
+        checksums = {file_key(key, name): r["crc32c"] for name, r in records.items()}
+        storage.write_many(items, crc32c=checksums)  # type: ignore[call-arg]
+        return records
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="sexpgpu-crc32c") as pool:
+        pending = {name: pool.submit(file_record, view) for name, view in files.items()}
+        storage.write_many(items)
+        return {name: future.result() for name, future in pending.items()}
+
+
+def _takes_crc32c(storage: Storage) -> bool:
+    try:
+        return "crc32c" in inspect.signature(storage.write_many).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def _json_bytes(record: Mapping[str, Any]) -> bytes:

@@ -9,8 +9,11 @@ Nothing here imports torch.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+import sys
+import threading
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any, TypeVar
 
 from sexpgpu.errors import SourceError
 from sexpgpu.graph import Program
@@ -18,6 +21,13 @@ from sexpgpu.graph import Program
 __all__ = ["compile_file", "compile_text", "core_source"]
 
 _CORE_PATH = Path(__file__).with_name("core.sx")
+
+# The compiler recurses over the forms, a dozen Python frames per level at most:
+# enough frames, and a thread stack to hold them, for the reader's limit.
+_FRAMES_PER_LEVEL = 16
+_STACK_BYTES = 512 * 1024 * 1024
+
+R = TypeVar("R")
 
 
 def core_source() -> bytes:
@@ -39,8 +49,11 @@ def compile_file(
     Raises :class:`SourceError` for mistakes in the sources and
     :class:`sexpgpu.errors.UsageError` for mistakes in these arguments.
     """
+    from sexpgpu.lang.forms import read_source_file
+
     try:
-        data = Path(path).read_bytes()
+        # the file named on the command line is bounded like an included one
+        data = read_source_file(path)
         text = data.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
@@ -73,12 +86,54 @@ def _compile(
 
     comp = Compiler(file, os.path.dirname(file) or ".")
     core = core_source()
-    try:
+
+    def compile_all() -> Program:
         comp.load(core.decode("utf-8"), CORE_NAME, CORE_NAME, None, core)
         if resolved is not None:
             comp.read_paths.add(resolved)
         comp.load(text, file, os.path.basename(file), resolved, data)
         comp.settle_knobs(dict(sets or {}), variant, steps)
         return comp.build(file, variant)
-    except RecursionError:
-        raise SourceError(f"{file}: the program is nested too deeply to compile") from None
+
+    try:
+        return _with_deep_stack(compile_all)
+    except RecursionError:  # not reached within the reader's limit; told with a place if so
+        from sexpgpu.lang.reader import MAX_NESTING, deepest, read
+
+        raise SourceError(
+            f"the program is nested too deeply to compile (the limit is {MAX_NESTING} levels)",
+            pos=deepest(read(text, file)),
+        ) from None
+
+
+def _with_deep_stack(fn: Callable[[], R]) -> R:
+    """``fn()`` in a thread whose stack and recursion limit take the reader's deepest
+    nesting (:data:`sexpgpu.lang.reader.MAX_NESTING`); its exception, if any, re-raised."""
+    from sexpgpu.lang.reader import MAX_NESTING
+
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        before = sys.getrecursionlimit()
+        sys.setrecursionlimit(max(before, MAX_NESTING * _FRAMES_PER_LEVEL))
+        try:
+            outcome["value"] = fn()
+        except BaseException as exc:  # handed to the calling thread as it is
+            outcome["error"] = exc
+        finally:
+            sys.setrecursionlimit(before)
+
+    size = threading.stack_size(_STACK_BYTES)
+    try:
+        worker = threading.Thread(target=target, name="sexpgpu-compile", daemon=True)
+        worker.start()
+    except (RuntimeError, MemoryError):  # no room for the stack here: compile as deep as we can
+        target()
+        worker = None
+    finally:
+        threading.stack_size(size)
+    if worker is not None:
+        worker.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]

@@ -8,12 +8,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from sexpgpu import graph as g
-from sexpgpu.errors import Pos
+from sexpgpu.errors import Pos, SourceError
 from sexpgpu.lang.calls import OpCall, compile_call
 from sexpgpu.lang.ops import BUILTINS
 from sexpgpu.lang.reader import Atom, Kw, SList, SVec, Sym, show
 from sexpgpu.lang.text import describe, err, suggest
-from sexpgpu.lang.values import Builder, Ctx, Instance, Pre, Stack, T
+from sexpgpu.lang.values import Builder, Ctx, Instance, Pre, Stack, T, framed
 
 SPECIAL_FORMS = ("let", "->", "if")
 
@@ -221,8 +221,11 @@ class ExprMixin:
                 )
             inner = Ctx(b, target, dict(zip(ldef.forward_args, args, strict=True)))
             result = None
-            for body in ldef.forward_body:
-                result = self.expr(body, inner)
+            try:
+                for body in ldef.forward_body:
+                    result = self.expr(body, inner)
+            except SourceError as exc:
+                raise framed(exc, pos, target) from None
         b.calls[key] = result
         return result
 

@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import math
 import os
 import re
+import stat
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from sexpgpu import graph as g
@@ -16,6 +17,32 @@ from sexpgpu.errors import Pos, UsageError
 from sexpgpu.lang.reader import Atom, Kw, SList, Sym, read, show
 from sexpgpu.lang.text import err, listing, suggest
 from sexpgpu.lang.values import CORE_NAME, KnobDef, LayerDef
+
+MAX_SOURCE_BYTES = 16 << 20
+"""The largest `.sx` source ``include`` reads (docs/language.md); a larger one is refused."""
+
+
+def read_source_file(path: str) -> bytes:
+    """The bytes of a source file: a regular file of at most :data:`MAX_SOURCE_BYTES`;
+    a device (``/dev/zero``), a FIFO or a larger file raises :class:`OSError`
+    without reading (or waiting on) it."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    with open(fd, "rb") as f:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(errno.EINVAL, "it is not a regular file")
+        if info.st_size > MAX_SOURCE_BYTES:
+            raise OSError(
+                errno.EFBIG, f"it is larger than the {MAX_SOURCE_BYTES} bytes a source may have"
+            )
+        os.set_blocking(fd, True)
+        data = f.read(MAX_SOURCE_BYTES + 1)
+    if len(data) > MAX_SOURCE_BYTES:  # it grew since it was measured
+        raise OSError(
+            errno.EFBIG, f"it is larger than the {MAX_SOURCE_BYTES} bytes a source may have"
+        )
+    return data
+
 
 TOP_LEVEL = ("include", "defknob", "defvariant", "deflayer", "defmodel", "defdata", "defrun")
 
@@ -77,7 +104,7 @@ class FormsMixin:
         if resolved in self.read_paths:
             return  # each file is read once; a cycle of includes ends here
         try:
-            data = Path(resolved).read_bytes()
+            data = read_source_file(resolved)
             text = data.decode("utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)

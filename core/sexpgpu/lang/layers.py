@@ -3,7 +3,6 @@ their paths, declaring parameters, initializers and ``:load`` files."""
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -19,7 +18,9 @@ from sexpgpu.lang.values import (
     Instance,
     LayerDef,
     Stack,
+    framed,
     pick_keywords,
+    relative_to_file,
     split_args,
 )
 
@@ -83,7 +84,18 @@ class LayersMixin:
             raise err(f"layer '{ldef.name}' contains itself ({chain})", head.pos)
         statics = self._bind_ctor(ldef, ctor, env)
         inst = Instance(path, ldef, statics)
-        for item in ldef.items:
+        try:
+            self._fill(inst, (*active, (ldef.name, ldef.pos)), root)
+        except SourceError as exc:
+            raise framed(exc, ctor.pos, inst) from None
+        return inst
+
+    def _fill(
+        self, inst: Instance, active: tuple[tuple[str, Pos], ...], root: dict[str, Any]
+    ) -> None:
+        """Declare ``inst``'s parameters and make its sub-layers."""
+        path, statics = inst.path, inst.statics
+        for item in inst.ldef.items:
             kind, name = item.items[0].name, item.items[1].name
             if kind == "param":
                 decl = self.param_decl(item, f"{path}.{name}", statics, root)
@@ -95,9 +107,8 @@ class LayersMixin:
                         f"layer takes a name and one layer: (layer {name} (mlp dim))", item.pos
                     )
                 inst.subs[name] = self.instantiate(
-                    item.items[2], f"{path}.{name}", statics, (*active, (ldef.name, ldef.pos)), root
+                    item.items[2], f"{path}.{name}", statics, active, root
                 )
-        return inst
 
     def _bind_ctor(self, ldef: LayerDef, ctor: SList, env: Mapping[str, Any]) -> dict[str, Any]:
         positional, keywords = split_args(ctor.items[1:])
@@ -233,14 +244,7 @@ class LayersMixin:
                 f"a :load file is a .safetensors file or a .safetensors.index.json index, got '{uri}'",
                 pos,
             )
-        if scheme or os.path.isabs(uri):
-            return uri
-        # relative to the file that names it, as includes are
-        return (
-            os.path.normpath(os.path.join(os.path.dirname(pos.file), uri))
-            if pos.file != CORE_NAME
-            else uri
-        )
+        return relative_to_file(uri, pos)
 
     def check_scheme(self, scheme: str, pos: Pos) -> None:
         """Refuse a ``:load`` scheme no available storage backend opens (a plain

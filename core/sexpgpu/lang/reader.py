@@ -12,7 +12,12 @@ from typing import Any
 
 from sexpgpu.errors import Pos, SourceError
 
-__all__ = ["Sym", "Kw", "Atom", "SList", "SVec", "Node", "read", "show"]
+__all__ = ["MAX_NESTING", "Sym", "Kw", "Atom", "SList", "SVec", "Node", "read", "show"]
+
+MAX_NESTING = 10_000
+"""The deepest nesting of brackets a `.sx` file may have (docs/language.md, "Limits").
+The reader refuses more where it starts, and the compiler, which recurses over the
+forms, is given the stack to take this much (:func:`sexpgpu.lang.compile_file`)."""
 
 
 @dataclass(frozen=True)
@@ -92,6 +97,11 @@ def read(text: str, file: str) -> list[Node]:
                 i += 1
             continue
         if c in "([":
+            if len(stack) >= MAX_NESTING:
+                raise SourceError(
+                    f"brackets nested more than {MAX_NESTING} deep (the most a program may nest)",
+                    pos=here(),
+                )
             stack.append((c, here(), []))
             i, col = i + 1, col + 1
             continue
@@ -178,6 +188,19 @@ def _token(tok: str, pos: Pos) -> Node:
         except ValueError:
             raise SourceError(f"malformed number '{tok}'", pos=pos) from None
     return Sym(tok, pos)
+
+
+def deepest(forms: list[Node]) -> Pos | None:
+    """Where the deepest node of ``forms`` is written (walked without recursion)."""
+    best: tuple[int, Pos | None] = (-1, None)
+    todo: list[tuple[Node, int]] = [(f, 0) for f in forms]
+    while todo:
+        node, depth = todo.pop()
+        if depth > best[0]:
+            best = (depth, node.pos)
+        if isinstance(node, (SList, SVec)):
+            todo.extend((x, depth + 1) for x in node.items)
+    return best[1]
 
 
 def show(node: Node | Any) -> str:

@@ -11,7 +11,16 @@ from sexpgpu.errors import PluginError, Pos, SexpError, SourceError
 from sexpgpu.lang.ops import FLOATS
 from sexpgpu.lang.reader import SList, SVec, Sym, show
 from sexpgpu.lang.text import describe, err, listing, suggest
-from sexpgpu.lang.values import Builder, Ctx, Instance, T, named_form, pick_keywords, split_args
+from sexpgpu.lang.values import (
+    Builder,
+    Ctx,
+    Instance,
+    T,
+    named_form,
+    pick_keywords,
+    relative_to_file,
+    split_args,
+)
 
 DEFRUN_OPTIONS = (
     "model",
@@ -20,6 +29,7 @@ DEFRUN_OPTIONS = (
     "optimizer",
     "steps",
     "checkpoint-every",
+    "keep-last",
     "seed",
     "precision",
     "counters",
@@ -30,6 +40,16 @@ DEFRUN_OPTIONS = (
     "with-loaded",
 )
 COUNTERS = ("tokens", "records")
+E_NO_EVAL = "E-EVAL-001"
+"""A run with ``:evals`` where no available plugin runs eval passes."""
+
+
+def _symbols(node: Any) -> set[str]:
+    """Every symbol named anywhere in ``node``."""
+    if isinstance(node, Sym):
+        return {node.name}
+    items = getattr(node, "items", None) or ()
+    return set().union(*(_symbols(item) for item in items)) if items else set()
 
 
 class RunsMixin:
@@ -92,6 +112,8 @@ class RunsMixin:
                     kw.pos,
                 )
             options[key] = self.option_value(node, info.options[key], kw.name, {})
+            if key in getattr(info, "path_options", ()):
+                options[key] = relative_to_file(options[key], node.pos)
         _, run_kw = split_args(form.items[3:])
         p3, _ = split_args(form.items[3:])
         if p3:
@@ -289,7 +311,11 @@ class RunsMixin:
             if "checkpoint-every" in opts
             else None
         )
-        return g.RunSettings(run_name, every, seed, precision, counters, guard, deterministic)
+        # Retention: how many complete checkpoints to keep (None keeps them all).
+        keep = self.int_of(opts["keep-last"], env, ":keep-last", 1) if "keep-last" in opts else None
+        return g.RunSettings(
+            run_name, every, seed, precision, counters, guard, deterministic, keep_last=keep
+        )
 
     def counters(self, node: Any) -> tuple[str, ...]:
         """``:counters (tokens records)``: known counters, each once."""
@@ -476,40 +502,26 @@ class RunsMixin:
             if not isinstance(m, (SList, SVec)) or not m.items:
                 raise err("(:metrics (loss accuracy)) lists one or more metrics", m.pos)
             metric_nodes = list(m.items)
+        metrics = self.eval_metrics(form.pos)
         b = Builder(self)
         ctx = Ctx(b, None, {}, data.fields, roots)
         names: list[str] = []
         outs: list[T] = []
         for mn in metric_nodes:
-            if isinstance(mn, Sym) and mn.name == "loss":
-                if loss_node is None:
-                    raise err("the metric loss needs the run's :loss", mn.pos)
-                mname, out = "loss", self.scalar(loss_node, "the loss", ctx)
-            elif isinstance(mn, Sym) and mn.name == "accuracy":
-                for f in ("inputs", "targets"):
-                    if f not in data.fields:
-                        raise err(
-                            f"accuracy compares (model inputs) with targets; data '{data.name}' has no field {f}",
-                            mn.pos,
-                        )
-                logits = self.call_layer(
-                    roots["model"], [b.input("inputs", data.fields["inputs"], mn.pos)], mn.pos, ctx
-                )
-                if not isinstance(logits, T):
-                    raise err(
-                        f"accuracy needs the model to give logits, got {describe(logits)}", mn.pos
-                    )
-                targets = b.input("targets", data.fields["targets"], mn.pos)
-                mname, out = "accuracy", b.add("accuracy", [logits, targets], {}, mn.pos)
+            if isinstance(mn, Sym) and mn.name in metrics:
+                mname = mn.name
+                out = self.metric_value(metrics[mname], mn.pos, data, loss_node, ctx)
             elif isinstance(mn, SList) and len(mn.items) == 2 and isinstance(mn.items[0], Sym):
-                mname, out = (
-                    mn.items[0].name,
-                    self.scalar(mn.items[1], f"the metric {mn.items[0].name}", ctx),
-                )
+                mname = mn.items[0].name
+                if mname in metrics:
+                    # a registered metric's number is finished its own way (perplexity: exp)
+                    raise err(f"'{mname}' is the name of a metric; name yours otherwise", mn.pos)
+                out = self.scalar(mn.items[1], f"the metric {mname}", ctx)
             else:
+                hint = suggest(mn.name, metrics) if isinstance(mn, Sym) else ""
                 raise err(
-                    f"a metric is loss, accuracy or (name expression), got {show(mn)}"
-                    + (suggest(mn.name, ["loss", "accuracy"]) if isinstance(mn, Sym) else ""),
+                    f"unknown metric {show(mn)}{hint}: a metric is one of "
+                    f"{listing(metrics)}, or (name expression)",
                     mn.pos,
                 )
             if mname in names:
@@ -517,3 +529,49 @@ class RunsMixin:
             names.append(mname)
             outs.append(out)
         return g.EvalPass(name.name, every, data, batches, tuple(names), b.graph(outs))
+
+    def eval_metrics(self, pos: Pos) -> dict[str, Any]:
+        """The eval metrics plugins supply, by name; an error when no plugin can run a pass."""
+        plugins = self.plugins()
+        if not plugins.available("sexpgpu_evaluators"):
+            record = plugins.record("eval")
+            why = (
+                f"the plugin 'eval' that supplies them is unavailable: {record.reason}"
+                if record is not None and not record.available
+                else "no installed plugin supplies them (the plugin 'eval' of sexpgpu does)"
+            )
+            raise SourceError(f"eval passes (:evals) cannot run: {why}", code=E_NO_EVAL, pos=pos)
+        return {info.name: info for info in plugins.available("sexpgpu_eval_metrics")}
+
+    def metric_value(self, info: Any, pos: Pos, data: g.DataDecl, loss_node: Any, ctx: Ctx) -> T:
+        """A registered metric's per-batch scalar: its expression compiled with ``logits``
+        (the model on ``inputs``) and ``loss`` (the run's) bound when it names them."""
+        from sexpgpu.lang.reader import read
+
+        forms = read(info.expression, f"<metric {info.name}>")
+        if len(forms) != 1:
+            raise err(f"the metric {info.name}'s expression is not one expression", pos)
+        used = _symbols(forms[0])
+        bound: dict[str, Any] = {}
+        if "loss" in used:
+            if loss_node is None:
+                raise err(f"the metric {info.name} needs the run's :loss", pos)
+            bound["loss"] = self.scalar(loss_node, "the loss", ctx)
+        for needed in ("inputs", "targets") if "logits" in used else ():
+            if needed not in data.fields:
+                raise err(
+                    f"the metric {info.name} compares (model inputs) with targets; "
+                    f"data '{data.name}' has no field {needed}",
+                    pos,
+                )
+        if "logits" in used:
+            inputs = ctx.b.input("inputs", data.fields["inputs"], pos)
+            logits = self.call_layer(ctx.roots["model"], [inputs], pos, ctx)
+            if not isinstance(logits, T):
+                raise err(
+                    f"the metric {info.name} needs the model to give logits, got {describe(logits)}",
+                    pos,
+                )
+            bound["logits"] = logits
+        local = Ctx(ctx.b, None, bound, ctx.fields, ctx.roots)
+        return self.scalar(forms[0], f"the metric {info.name}", local)

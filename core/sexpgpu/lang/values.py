@@ -3,12 +3,13 @@ the graph builder, and the parsing of ``:keyword value`` arguments."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from sexpgpu import graph as g
-from sexpgpu.errors import Pos
+from sexpgpu.errors import Pos, SourceError
 from sexpgpu.lang.reader import Kw, SList, Sym, show
 from sexpgpu.lang.text import describe, err, suggest
 
@@ -31,6 +32,34 @@ class LayerDef:
     forward_body: tuple[Any, ...]
     doc: str
     pos: Pos
+
+
+def relative_to_file(location: Any, pos: Pos) -> Any:
+    """A file ``location`` written at ``pos``: a relative path is taken relative to
+    the `.sx` file that writes it (as ``include`` is), so a run reads the same files
+    from any working folder; a URI, an absolute path or ``~`` is kept as it is."""
+    if not isinstance(location, str) or not location or pos.file == CORE_NAME:
+        return location
+    if "://" in location or location.startswith("~") or os.path.isabs(location):
+        return location
+    return os.path.normpath(os.path.join(os.path.dirname(pos.file), location))
+
+
+def framed(exc: SourceError, pos: Pos, inst: Instance) -> SourceError:
+    """``exc``, raised inside ``inst``'s body, named from the call written at ``pos``.
+
+    The error keeps one line, the caller's place first so an editor jumps to the
+    user's file: ``my.sx:12:5: in model.ff (linear 128 64): <core>:8:19: matmul: ...``
+    (docs/language.md, "Syntax"). A frame is added while the error points into the
+    `<core>` prelude, which the user cannot edit: each call inside the prelude, up
+    to the first call in a file of the user's, where it can be fixed.
+    """
+    if exc.pos is None or exc.pos.file != CORE_NAME:
+        return exc
+    message = exc.message
+    if exc.code and message.startswith(exc.code):
+        message = message[len(exc.code) :].lstrip(": ")
+    return SourceError(f"in {inst.call}: {exc.pos}: {message}", code=exc.code, pos=pos)
 
 
 @dataclass
@@ -60,6 +89,12 @@ class Instance:
     def shown(self) -> str:
         """How an error message shows this value."""
         return f"the layer {self.path}"
+
+    @property
+    def call(self) -> str:
+        """The instance as a call-site frame shows it: ``model.ff (linear 128 64)``."""
+        args = " ".join(describe(self.statics[p]) for p in self.ldef.params if p in self.statics)
+        return f"{self.path} ({self.ldef.name}{' ' if args else ''}{args})"
 
 
 @dataclass

@@ -7,7 +7,16 @@ from typing import Any
 
 from sexpgpu.errors import Pos
 from sexpgpu.graph import TensorType
-from sexpgpu.lang.ops.spec import Arg, Call, Keyword, OpSpec, check_float, fail, int_attr, promote
+from sexpgpu.lang.ops.spec import (
+    Arg,
+    Call,
+    Keyword,
+    OpSpec,
+    check_float,
+    fail,
+    int_attr,
+    promote_all,
+)
 from sexpgpu.lang.text import describe, err
 
 # ---------------------------------------------------------------- shape rules
@@ -22,7 +31,7 @@ def _norm(op: str, args: Sequence[TensorType], attrs: Mapping[str, Any], pos: Po
         if t.shape != (x.shape[-1],):
             raise fail(op, f"{name} {t} does not fit {x} (expected [{x.shape[-1]}])", pos)
         check_float(op, t, pos, name)
-    return x
+    return TensorType(x.shape, promote_all(op, args, pos))
 
 
 def _attention(
@@ -38,7 +47,7 @@ def _attention(
     heads = int_attr(op, attrs, "heads", pos, 1)
     if q.shape[2] % heads:
         raise fail(op, f":heads {heads} does not divide the dim of {q}", pos)
-    return TensorType(q.shape, promote(q.dtype, k.dtype, op, pos))
+    return TensorType(q.shape, promote_all(op, args, pos))
 
 
 def _conv2d(op: str, args: Sequence[TensorType], attrs: Mapping[str, Any], pos: Pos) -> TensorType:
@@ -65,7 +74,7 @@ def _conv2d(op: str, args: Sequence[TensorType], attrs: Mapping[str, Any], pos: 
     wd = (x.shape[3] + 2 * pad - w.shape[3]) // stride + 1
     if h < 1 or wd < 1:
         raise fail(op, f"the kernel {w} is larger than the padded input {x}", pos)
-    return TensorType((x.shape[0], w.shape[0], h, wd), promote(x.dtype, w.dtype, op, pos))
+    return TensorType((x.shape[0], w.shape[0], h, wd), promote_all(op, args, pos))
 
 
 def _pool(op: str, args: Sequence[TensorType], attrs: Mapping[str, Any], pos: Pos) -> TensorType:

@@ -29,6 +29,7 @@ __all__ = [
     "broadcast",
     "fail",
     "promote",
+    "promote_all",
 ]
 
 FLOATS = ("f32", "bf16")
@@ -245,6 +246,15 @@ def promote(a: str, b: str, op: str, pos: Pos) -> str:
     if {a, b} == {"i64", "bool"}:
         return "i64"
     raise fail(op, f"cannot combine {a} and {b}", pos)
+
+
+def promote_all(op: str, args: Sequence[TensorType], pos: Pos) -> str:
+    """The dtype an op computes in over all its tensor arguments (docs/ir.md, "Dtypes"):
+    :func:`promote` applied left to right, so ``f32`` wins over ``bf16``."""
+    dtype = args[0].dtype
+    for t in args[1:]:
+        dtype = promote(dtype, t.dtype, op, pos)
+    return dtype
 
 
 def broadcast(

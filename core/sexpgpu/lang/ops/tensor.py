@@ -20,6 +20,7 @@ from sexpgpu.lang.ops.spec import (
     check_float,
     fail,
     promote,
+    promote_all,
 )
 from sexpgpu.lang.reader import Atom
 from sexpgpu.lang.text import describe, err
@@ -88,12 +89,10 @@ def _concat(op: str, args: Sequence[TensorType], attrs: Mapping[str, Any], pos: 
             d != e for k, (d, e) in enumerate(zip(t.shape, first.shape, strict=True)) if k != axis
         ):
             raise fail(op, f"{first} and {t} differ outside axis {axis}", pos)
-        if t.dtype != first.dtype:
-            raise fail(op, f"{first} and {t} have different dtypes", pos)
         total += t.shape[axis]
     shape = list(first.shape)
     shape[axis] = total
-    return TensorType(tuple(shape), first.dtype)
+    return TensorType(tuple(shape), promote_all(op, args, pos))
 
 
 def _slice(op: str, args: Sequence[TensorType], attrs: Mapping[str, Any], pos: Pos) -> TensorType:

@@ -1,0 +1,290 @@
+"""Evaluating checkpoints and reporting their numbers: one checkpoint, or every new
+one of a run as it is written (``--follow``), with ``evaluated.json``.
+
+``evaluated.json`` sits beside the ``step-<n>`` folders: each pass's evaluated
+steps, ``{"eval": [250, 500], "probe": [50, 100]}``. It is rewritten whole (one
+object write) after each pass, once that pass's points have reached every
+metrics sink, so a step it lists has been delivered; a follower killed between
+the two evaluates that step again.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sexpgpu.checkpoint import EXPERIMENT_FILE, location_of, parse_step_key
+from sexpgpu.errors import CheckpointError, RunError, StorageError
+from sexpgpu.extension import Evaluator, Storage
+from sexpgpu.log import get_logger
+from sexpgpu.storage import NO_SUCH_LOCATION
+from sexpgpu_eval.reading import CheckpointReader, Opened
+
+EVALUATED_FILE = "evaluated.json"
+E_EVALUATED = "E-EVAL-003"
+"""An ``evaluated.json`` that is not what a follower writes."""
+E_UNDELIVERED = "E-EVAL-004"
+"""A pass's points that did not reach every sink: the step is not marked evaluated."""
+SOURCE = "evaluate"
+"""The ``source`` of every point ``sexpgpu evaluate`` reports."""
+
+
+class Stopped(Exception):
+    """A signal stopped the evaluation; the pass in flight reported nothing."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__(step)
+        self.step = step
+
+
+@dataclass
+class Reporting:
+    """Where the numbers go: the run's metrics experiment, through these sinks."""
+
+    metrics_dir: str
+    sinks: tuple[str, ...]
+    settle_seconds: float
+    streams: dict[str, Any] = field(default_factory=dict)
+
+    def stream(self, slug: str) -> Any:
+        """The metrics stream of experiment ``slug`` (opened once)."""
+        from sexpgpu.metrics import MetricsStream, open_sinks
+
+        if slug not in self.streams:
+            self.streams[slug] = MetricsStream(
+                open_sinks(list(self.sinks), self.metrics_dir, slug), experiment=slug
+            )
+        return self.streams[slug]
+
+    def settle(self, slug: str, what: str) -> None:
+        """Return once every sink has taken every event queued so far."""
+        stream = self.stream(slug)
+        deadline = time.monotonic() + self.settle_seconds
+        while stream.pending():
+            if time.monotonic() > deadline:
+                raise RunError(
+                    f"the points of {what} did not reach every metrics sink within "
+                    f"{self.settle_seconds:g}s; {EVALUATED_FILE} does not list them",
+                    code=E_UNDELIVERED,
+                )
+            time.sleep(0.01)
+
+    def close(self) -> int:
+        """Drain and close every stream; the count of events not delivered."""
+        return sum(stream.close(timeout=30.0) for stream in self.streams.values())
+
+
+def read_evaluated(storage: Storage) -> dict[str, list[int]]:
+    """``evaluated.json`` under the location, ``{}`` when there is none; one that is
+    not a pass -> steps object is an error, never a silent start from nothing."""
+    where = location_of(storage, EVALUATED_FILE)
+    try:
+        data = storage.read(EVALUATED_FILE)
+    except StorageError as error:
+        if error.code == NO_SUCH_LOCATION:
+            return {}
+        raise
+    try:
+        record = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as error:
+        raise CheckpointError(
+            _corrupt(where, f"it is not JSON ({error})"), code=E_EVALUATED
+        ) from None
+    if not isinstance(record, dict) or not all(
+        isinstance(steps, list) and all(isinstance(s, int) and s >= 0 for s in steps)
+        for steps in record.values()
+    ):
+        raise CheckpointError(
+            _corrupt(where, 'it is not {"pass": [step, ...], ...}'), code=E_EVALUATED
+        )
+    return {str(name): sorted(set(steps)) for name, steps in record.items()}
+
+
+def _corrupt(where: str, why: str) -> str:
+    return (
+        f"{where} is not what evaluate --follow writes: {why}; delete it to evaluate "
+        "every checkpoint again"
+    )
+
+
+def write_evaluated(storage: Storage, evaluated: dict[str, list[int]]) -> None:
+    """Rewrite ``evaluated.json`` whole, in one object write."""
+    text = json.dumps({name: sorted(steps) for name, steps in sorted(evaluated.items())})
+    storage.write(EVALUATED_FILE, (text + "\n").encode())
+
+
+class Evaluation:
+    """Evaluates checkpoints and reports their passes."""
+
+    def __init__(
+        self,
+        *,
+        reader: CheckpointReader,
+        runner: Evaluator,
+        reporting: Reporting,
+        stopping: Callable[[], bool],
+        echo: Callable[[str], None],
+    ) -> None:
+        self.reader = reader
+        self.runner = runner
+        self.reporting = reporting
+        self.stopping = stopping
+        self.echo = echo
+        self.log = get_logger("sexpgpu.evaluate")
+        self._annotated: set[str] = set()
+
+    def passes(self, opened: Opened, names: list[str] | None, done: dict[str, list[int]]) -> list:
+        """The passes to run at this checkpoint: ``names`` (every pass when ``None``),
+        less those ``done`` lists at its step."""
+        chosen = [p for p in opened.program.evals if names is None or p.name in names]
+        return [p for p in chosen if opened.step not in done.get(p.name, ())]
+
+    def anything_due(
+        self,
+        storage: Storage,
+        key: str,
+        step: int,
+        names: list[str] | None,
+        done: dict[str, list[int]],
+    ) -> bool:
+        """Whether a pass is due at the checkpoint ``key``, from its ``experiment.json``
+        alone: the finished checkpoint owes every pass, another those ``:every`` names."""
+        from sexpgpu.checkpoint import read_experiment
+
+        try:
+            experiment = read_experiment(storage, key)
+        except CheckpointError:
+            return True  # opening it says what is wrong, or that retention removed it
+        if experiment.get("finished"):
+            return True
+        program = self.reader.program(experiment)
+        return any(
+            p.every and step % p.every == 0 and step not in done.get(p.name, ())
+            for p in program.evals
+            if names is None or p.name in names
+        )
+
+    def evaluate(
+        self,
+        storage: Storage,
+        key: str,
+        opened: Opened,
+        eval_passes: list,
+        mark: Callable[[str, int], None] | None = None,
+    ) -> None:
+        """Run ``eval_passes`` on the opened checkpoint; each pass's points are settled
+        in every sink, then ``mark(pass, step)``. Raises :class:`Stopped` on a signal."""
+        from sexpgpu.run import open_data
+
+        stream = self.reporting.stream(opened.slug)
+        self._annotate(stream, opened)
+        for eval_pass in eval_passes:
+            if self.stopping():
+                raise Stopped(opened.step)
+            numbers = self.runner.run_pass(
+                eval_pass,
+                opened.trainer,
+                seed=opened.program.run.seed,
+                open_data=lambda decl, seed: open_data(decl, seed)[1],
+                stopping=self.stopping,
+            )
+            if numbers is None:
+                raise Stopped(opened.step)
+            tag = f"{eval_pass.name}@{opened.step}"
+            for name, value in numbers.items():
+                stream.point(
+                    opened.step,
+                    f"{eval_pass.name}/{name}",
+                    value,
+                    source=SOURCE,
+                    evaluation=tag,
+                    checkpoint=opened.location,
+                )
+            self.reporting.settle(opened.slug, f"{eval_pass.name} at step {opened.step}")
+            shown = ", ".join(f"{n} {v:.6g}" for n, v in numbers.items())
+            self.echo(f"{opened.location} {eval_pass.name}: {shown}")
+            if mark is not None:
+                mark(eval_pass.name, opened.step)
+
+    def _annotate(self, stream: Any, opened: Opened) -> None:
+        """What moved since the checkpoint was written, once, as ``resumed from`` says it."""
+        if not opened.moved or opened.location in self._annotated:
+            return
+        self._annotated.add(opened.location)
+        stream.annotation(
+            opened.step,
+            "\n".join([f"evaluated from {opened.location}", *opened.moved]),
+            source=SOURCE,
+        )
+        self.log.warning("sources or knobs moved", checkpoint=opened.location, moved=opened.moved)
+
+
+def follow(
+    evaluation: Evaluation, storage: Storage, *, poll: float, names: list[str] | None
+) -> int:
+    """Evaluate each new complete checkpoint under ``storage`` for the passes due at its
+    step, until the one whose ``experiment.json`` says ``finished``; returns its step."""
+    evaluated = read_evaluated(storage)
+
+    def mark(name: str, step: int) -> None:
+        evaluated[name] = sorted({*evaluated.get(name, []), step})
+        write_evaluated(storage, evaluated)
+
+    seen: set[str] = set()
+    while True:
+        for step, key in _steps(storage):
+            if key in seen or not storage.exists(f"{key}/{EXPERIMENT_FILE}"):
+                continue  # a checkpoint counts once its experiment.json is there
+            if not evaluation.anything_due(storage, key, step, names, evaluated):
+                seen.add(key)  # nothing due here: its parameters are not read
+                continue
+            opened = _open(evaluation, storage, key)
+            if opened is None:
+                seen.add(key)
+                continue
+            due = [
+                p
+                for p in evaluation.passes(opened, names, evaluated)
+                if opened.finished or (p.every and step % p.every == 0)
+            ]
+            evaluation.evaluate(storage, key, opened, due, mark)
+            seen.add(key)
+            if opened.finished:
+                return step
+        _wait(poll, evaluation.stopping)
+        if evaluation.stopping():
+            raise Stopped(max((parse_step_key(key) or 0 for key in seen), default=0))
+
+
+def _steps(storage: Storage) -> list[tuple[int, str]]:
+    """(step, key) of every ``step-<n>`` folder, lowest first; listing errors propagate."""
+    found = []
+    for name in storage.list_children(""):
+        step = parse_step_key(name.rstrip("/"))
+        if step is not None:
+            found.append((step, name.rstrip("/")))
+    return sorted(found)
+
+
+def _open(evaluation: Evaluation, storage: Storage, key: str) -> Opened | None:
+    """The checkpoint opened, or ``None`` when retention removed it meanwhile."""
+    try:
+        return evaluation.reader.open(storage, key)
+    except CheckpointError:
+        if storage.exists(f"{key}/{EXPERIMENT_FILE}"):
+            raise
+        evaluation.log.warning("checkpoint removed before it was evaluated", checkpoint=key)
+        return None
+
+
+def _wait(seconds: float, stopping: Callable[[], bool]) -> None:
+    """Sleep ``seconds`` in short slices, returning early on a signal."""
+    deadline = time.monotonic() + seconds
+    while not stopping():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        time.sleep(min(0.1, left))

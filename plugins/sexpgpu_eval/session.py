@@ -1,0 +1,94 @@
+"""One ``sexpgpu evaluate`` from start to end: what it opens, how it stops, what it prints."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import click
+
+from sexpgpu.checkpoint import open_checkpoint
+from sexpgpu.errors import RunError, SexpError, UsageError
+from sexpgpu.signals import StopWatch, process_watch
+from sexpgpu_eval.follow import Evaluation, Reporting, Stopped, follow
+from sexpgpu_eval.reading import CheckpointReader, one_line
+
+
+def run_evaluate(
+    location: str,
+    *,
+    follow: bool,
+    poll: float,
+    names: list[str] | None,
+    file: str | None,
+    device: str,
+    metrics_dir: str | None,
+    sinks: Sequence[str],
+    settle: float,
+) -> int:
+    """Evaluate as the command was asked; returns the exit status (``128 + n`` on a
+    signal). A user's mistake raises a one-line :class:`sexpgpu.errors.SexpError`."""
+    from sexpgpu.run import DEFAULT_METRICS_DIR, eval_runner
+
+    watch = process_watch()
+    owned = watch is None
+    if watch is None:
+        watch = StopWatch()
+        watch.install()
+    reporting = Reporting(metrics_dir or DEFAULT_METRICS_DIR, tuple(sinks) or ("jsonl",), settle)
+    try:
+        watch.loop_started()  # from here a signal stops at the next batch
+        evaluation = Evaluation(
+            reader=CheckpointReader(device=device, file=file),
+            runner=eval_runner(),
+            reporting=reporting,
+            stopping=lambda: watch.stopping,
+            echo=click.echo,
+        )
+        try:
+            if follow:
+                _follow(evaluation, location, poll, names)
+            else:
+                _one(evaluation, location, names)
+        except Stopped as stop:
+            name, signum = watch.settle()
+            reporting.close()
+            click.echo(f"sexpgpu evaluate: interrupted by {name} at step {stop.step}", err=True)
+            return 128 + signum
+        except SexpError as error:
+            raise one_line(error) from None
+        undelivered = reporting.close()
+        if undelivered:
+            raise RunError(f"{undelivered} metrics events were not delivered")
+        return 0
+    finally:
+        reporting.close()
+        watch.ended()
+        if owned:
+            watch.uninstall()
+
+
+def _one(evaluation: Evaluation, location: str, names: list[str] | None) -> None:
+    storage, key = open_checkpoint(location)
+    opened = evaluation.reader.open(storage, key)
+    _known(opened.program, names)
+    evaluation.evaluate(storage, key, opened, evaluation.passes(opened, names, {}))
+
+
+def _follow(evaluation: Evaluation, location: str, poll: float, names: list[str] | None) -> None:
+    from sexpgpu.storage import open_location
+
+    storage = open_location(location)
+    storage.list_children("")  # a location that cannot be listed is an error, at once
+    step = follow(evaluation, storage, poll=poll, names=names)
+    click.echo(f"sexpgpu evaluate: followed {storage.uri} to its finished step {step}", err=True)
+
+
+def _known(program: object, names: list[str] | None) -> None:
+    passes = [p.name for p in getattr(program, "evals", ())]
+    if not passes:
+        raise UsageError("the checkpoint's run has no eval passes (:evals) to evaluate")
+    unknown = [name for name in names or () if name not in passes]
+    if unknown:
+        raise UsageError(
+            f"the run has no eval pass '{unknown[0]}'; its passes: {', '.join(passes)}"
+        )

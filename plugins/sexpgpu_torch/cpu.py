@@ -1,0 +1,84 @@
+"""What torch sums with on the CPU, read from torch, and the recorded values taken.
+
+The names and the pre-import half are :mod:`sexpgpu.cpu_choices`. Here the
+lowering reads what torch runs with (:func:`current`), sets the one value that
+can still change once torch runs (the thread count) and refuses with
+``E-CHOICE-001`` a pinned value that torch did not take (:func:`take`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+
+import torch
+
+from sexpgpu.cpu_choices import BLAS, CAPABILITY, CBWR, THREADS, TORCH_VERSION, is_cpu_choice
+from sexpgpu.errors import CheckpointError
+from sexpgpu.kernels import device_kind
+
+# Why a pinned value that torch did not take cannot be taken here, by choice.
+_WHY_NOT = {
+    THREADS: "torch runs {now} threads",
+    CAPABILITY: "torch runs '{now}' on this processor (ATEN_CPU_CAPABILITY is read when torch "
+    "starts; sexpgpu run sets it only to a capability the processor has)",
+    BLAS: "this torch is built with '{now}'",
+    CBWR: "MKL runs the branch '{now}' (MKL_CBWR is read when MKL starts)",
+    TORCH_VERSION: "this is torch {now}",
+}
+
+
+def blas() -> str:
+    """The BLAS library torch calls, with MKL's version when it is MKL."""
+    config = torch.__config__.show()
+    if torch.backends.mkl.is_available():
+        version = re.search(r"Math Kernel Library Version ([0-9.]+)", config)
+        return f"mkl {version.group(1)}" if version else "mkl"
+    info = re.search(r"BLAS_INFO=([^,\s]+)", config)
+    return info.group(1) if info else "none"
+
+
+def current(device: str) -> dict[str, str]:
+    """The choices torch runs with now, for a lowering on ``device``: the torch
+    version always, and on the CPU the thread count, capability and BLAS."""
+    now = {TORCH_VERSION: torch.__version__}
+    if device_kind(device) != "cpu":
+        return now
+    now[THREADS] = str(torch.get_num_threads())
+    now[CAPABILITY] = torch.backends.cpu.get_cpu_capability().lower()
+    now[BLAS] = blas()
+    if now[BLAS].startswith("mkl"):
+        # MKL cannot be asked which branch it runs: AUTO (unset) is the processor's.
+        now[CBWR] = os.environ.get("MKL_CBWR", "AUTO")
+    return now
+
+
+def take(pinned: Mapping[str, str] | None, device: str) -> dict[str, str]:
+    """Set the pinned thread count, check every other pinned value was taken, and
+    return the choices to record (:func:`current`).
+
+    A pinned value torch does not run with (a capability the processor lacks,
+    another BLAS or torch) is :class:`CheckpointError` ``E-CHOICE-001`` naming the
+    choice. Pins of a choice this device does not record are ignored.
+    """
+    pins = {k: str(v) for k, v in (pinned or {}).items() if is_cpu_choice(k)}
+    if THREADS in pins and device_kind(device) == "cpu":
+        threads = pins[THREADS]
+        if not threads.isdigit() or int(threads) < 1:
+            raise _refused(THREADS, threads, "it is not a thread count")
+        if torch.get_num_threads() != int(threads):
+            torch.set_num_threads(int(threads))
+    now = current(device)
+    for name, value in sorted(pins.items()):
+        if name in now and now[name] != value:
+            raise _refused(name, value, _WHY_NOT[name].format(now=now[name]))
+    return now
+
+
+def _refused(name: str, value: str, why: str) -> CheckpointError:
+    return CheckpointError(
+        f"the recorded choice '{value}' for {name} cannot be taken here: {why} "
+        "(use --choices fresh to choose again)",
+        code="E-CHOICE-001",
+    )

@@ -1,0 +1,145 @@
+"""The CPU choices as units: the pins a run hands its lowering, the environment set
+before torch starts, the processor check, and what the torch lowering records and
+refuses (spec: Pinned; docs/determinism.md)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sexpgpu import cpu_choices as cpu
+from sexpgpu.errors import CheckpointError
+from sexpgpu_torch import cpu as torch_cpu
+
+RECORDED = {
+    "attention:model.attn": "math",
+    "cpu.threads": "1",
+    "cpu.capability": "default",
+    "cpu.blas.cbwr": "AUTO",
+}
+
+CPUINFO_AVX2 = "processor\t: 0\nflags\t\t: fpu sse sse2 avx avx2 fma\n"
+CPUINFO_AVX512 = CPUINFO_AVX2.replace("fma", "fma avx512f avx512bw avx512vl avx512dq")
+
+
+@pytest.fixture
+def threads_kept():
+    """torch's thread count is the process's: give it back after a test sets it."""
+    before = torch.get_num_threads()
+    yield before
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize(
+    ("recorded", "fresh", "threads", "pins"),
+    [
+        (None, False, None, None),
+        (None, False, 3, {"cpu.threads": "3"}),
+        (RECORDED, False, None, RECORDED),
+        (RECORDED, True, None, None),
+        (RECORDED, True, 2, {"cpu.threads": "2"}),
+        (RECORDED, False, 1, RECORDED),
+        ({}, False, None, None),
+    ],
+)
+def test_pins_for_a_run(recorded, fresh, threads, pins) -> None:
+    assert cpu.pins_for(recorded, fresh=fresh, threads=threads) == pins
+
+
+def test_threads_against_a_pinned_resume_with_another_count_is_e_choice_001() -> None:
+    with pytest.raises(CheckpointError) as caught:
+        cpu.pins_for(RECORDED, fresh=False, threads=2)
+    assert caught.value.code == "E-CHOICE-001"
+    assert "cpu.threads" in caught.value.message and "--threads 2" in caught.value.message
+
+
+@pytest.mark.parametrize(
+    ("capability", "cpuinfo", "has"),
+    [
+        ("default", "", True),
+        ("avx2", CPUINFO_AVX2, True),
+        ("avx512", CPUINFO_AVX2, False),
+        ("avx512", CPUINFO_AVX512, True),
+        ("sve256", CPUINFO_AVX512, False),
+        ("bogus", CPUINFO_AVX512, False),
+    ],
+)
+def test_processor_has_reads_the_flags_torch_needs(monkeypatch, capability, cpuinfo, has) -> None:
+    monkeypatch.setattr(cpu.platform, "machine", lambda: "x86_64")
+    assert cpu.processor_has(capability, cpuinfo) is has
+
+
+def test_environment_for_sets_only_what_the_processor_can_take(monkeypatch) -> None:
+    monkeypatch.setattr(cpu, "processor_has", lambda capability: capability != "avx512")
+    env = cpu.environment_for(RECORDED)
+    assert env == {
+        "OMP_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+        "ATEN_CPU_CAPABILITY": "default",
+        "MKL_CBWR": "AUTO",
+    }
+    assert "ATEN_CPU_CAPABILITY" not in cpu.environment_for({"cpu.capability": "avx512"})
+    assert cpu.environment_for({"attention:model.attn": "math"}) == {}
+
+
+def test_pin_environment_reads_the_checkpoint_without_torch(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(cpu, "recorded_choices", lambda resume, where: dict(RECORDED))
+    for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "ATEN_CPU_CAPABILITY", "MKL_CBWR"):
+        # set first, so that monkeypatch puts back what was there (or nothing) afterwards
+        monkeypatch.setenv(variable, "unset")
+        monkeypatch.delenv(variable)
+    env = cpu.pin_environment("ckpt/step-00000004", None, fresh=False, threads=None)
+    assert env["OMP_NUM_THREADS"] == "1" and env["ATEN_CPU_CAPABILITY"] == "default"
+    assert cpu.os.environ["OMP_NUM_THREADS"] == "1"
+    # --choices fresh: nothing pinned, and a conflict is left for the run to report
+    assert cpu.pin_environment("x", None, fresh=True, threads=None) == {}
+    assert cpu.pin_environment("x", None, fresh=False, threads=5) == {}
+
+
+def test_recorded_choices_of_a_missing_checkpoint_is_none(tmp_path) -> None:
+    assert cpu.recorded_choices(str(tmp_path / "nothing"), None) is None
+    assert cpu.recorded_choices("latest", str(tmp_path)) is None
+
+
+def test_the_torch_lowering_records_what_torch_runs_with() -> None:
+    now = torch_cpu.current("cpu")
+    assert set(now) >= {"cpu.threads", "cpu.capability", "cpu.blas", "torch.version"}
+    assert now["cpu.threads"] == str(torch.get_num_threads())
+    assert now["cpu.capability"] == torch.backends.cpu.get_cpu_capability().lower()
+    assert now["torch.version"] == torch.__version__
+    assert now["cpu.blas"].startswith("mkl") == torch.backends.mkl.is_available()
+    assert ("cpu.blas.cbwr" in now) == now["cpu.blas"].startswith("mkl")
+    assert torch_cpu.current("cuda:0") == {"torch.version": torch.__version__}
+
+
+def test_a_pinned_thread_count_is_set(threads_kept) -> None:
+    other = 1 if threads_kept != 1 else 2
+    taken = torch_cpu.take({"cpu.threads": str(other), "stack:model.blocks": "unrolled"}, "cpu")
+    assert torch.get_num_threads() == other
+    assert taken["cpu.threads"] == str(other)
+    assert "stack:model.blocks" not in taken
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("cpu.capability", "sve256"),
+        ("cpu.blas", "openblas"),
+        ("torch.version", "1.0.0"),
+        ("cpu.threads", "many"),
+        ("cpu.threads", "0"),
+    ],
+)
+def test_a_pin_torch_does_not_take_is_e_choice_001(threads_kept, name, value) -> None:
+    with pytest.raises(CheckpointError) as caught:
+        torch_cpu.take({name: value}, "cpu")
+    assert caught.value.code == "E-CHOICE-001"
+    assert f"'{value}' for {name}" in caught.value.message
+    assert "--choices fresh" in caught.value.message
+    assert "\n" not in caught.value.message
+
+
+def test_cpu_pins_are_ignored_on_another_device(threads_kept) -> None:
+    taken = torch_cpu.take({"cpu.capability": "sve256", "cpu.threads": "7"}, "cuda")
+    assert taken == {"torch.version": torch.__version__}
+    assert torch.get_num_threads() == threads_kept

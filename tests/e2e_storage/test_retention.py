@@ -1,0 +1,91 @@
+"""Retention in buckets: `--keep-last 2` keeps the newest two complete checkpoints on
+s3:// and gs://, and `kill -9` at random moments (some of them in the middle of a
+deletion) leaves `--resume latest` working, to the bit of a run never stopped."""
+
+from __future__ import annotations
+
+import random
+import signal
+import time
+
+import pytest
+
+from tests.e2e.helpers import run_sexpgpu, start_sexpgpu, tensors
+from tests.e2e_storage.buckets import CHECKPOINT_FILES, Bucket
+from tests.servers import unique_prefix
+
+pytestmark = pytest.mark.slow
+
+STEPS = 16
+
+
+def keep_file(workdir) -> str:
+    """my-run.sx checkpointing every step."""
+    source = (workdir / "examples" / "my-run.sx").read_text()
+    assert "  :checkpoint-every 2\n" in source
+    (workdir / "every.sx").write_text(source.replace(":checkpoint-every 2", ":checkpoint-every 1"))
+    return "every.sx"
+
+
+def folders(bucket: Bucket, prefix: str) -> dict[int, set[str]]:
+    """Each step folder's files."""
+    found: dict[int, set[str]] = {}
+    for key in bucket.objects(prefix):
+        folder, _, name = key.partition("/")
+        if folder.startswith("step-"):
+            found.setdefault(int(folder[5:]), set()).add(name)
+    return found
+
+
+def deleting(by_step: dict[int, set[str]]) -> bool:
+    """A folder older than the newest complete one, without experiment.json, with files."""
+    complete = [n for n, files in by_step.items() if "experiment.json" in files]
+    return bool(complete) and any(
+        n < max(complete) and "experiment.json" not in files and files
+        for n, files in by_step.items()
+    )
+
+
+def test_keep_last_and_kill_9_during_deletions(bucket: Bucket, workdir):
+    source = keep_file(workdir)
+    reference = run_sexpgpu(
+        "run",
+        source,
+        "--steps",
+        str(STEPS),
+        "--checkpoint-dir",
+        "ref",
+        "--metrics-dir",
+        "m0",
+        cwd=workdir,
+    )
+    assert reference.returncode == 0, reference.stderr
+    prefix = unique_prefix()
+    args = ["run", source, "--steps", str(STEPS), "--checkpoint-dir", bucket.uri(prefix)]
+    args += ["--resume", "latest", "--keep-last", "2", "--metrics-dir", "m"]
+    chance = random.Random()
+    for attempt in range(5):
+        proc = start_sexpgpu(*args, cwd=workdir, env=bucket.env())
+        try:
+            deadline = time.monotonic() + 120  # only guards against a hang
+            at = time.monotonic() + chance.uniform(2.0, 4.0)
+            while time.monotonic() < deadline and proc.poll() is None:
+                # A deletion part way ends the wait early; otherwise a random moment.
+                if time.monotonic() >= at or (
+                    attempt % 2 == 0 and deleting(folders(bucket, prefix))
+                ):
+                    break
+                time.sleep(0.005)
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            out, err = proc.communicate(timeout=60)
+        assert proc.returncode in (-signal.SIGKILL, 0), err
+        for step, files in folders(bucket, prefix).items():
+            if "experiment.json" in files:  # a complete checkpoint is whole
+                assert set(CHECKPOINT_FILES) <= files, (step, files)
+    final = run_sexpgpu(*args, cwd=workdir, env=bucket.env())
+    assert final.returncode == 0, final.stderr
+    complete = sorted(n for n, f in folders(bucket, prefix).items() if "experiment.json" in f)
+    assert complete == [STEPS - 1, STEPS]
+    last = f"step-{STEPS:08d}"
+    assert bucket.tensors(f"{prefix}/{last}") == tensors(workdir / "ref" / last)

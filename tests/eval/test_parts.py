@@ -1,0 +1,119 @@
+"""The eval plugin's parts, in process: its hooks, the pass runner, evaluated.json."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sexpgpu.errors import CheckpointError
+from sexpgpu.plugins import get_plugins
+from sexpgpu.storage import open_location
+from sexpgpu_eval.follow import read_evaluated, write_evaluated
+from sexpgpu_eval.passes import PassRunner
+from tests.e2e.helpers import run_sexpgpu, sexpgpu_env
+from tests.foundation.pluginkit import make_plugin
+
+
+def test_the_hooks_supply_the_runner_and_the_five_metrics():
+    plugins = get_plugins()
+    (runner,) = plugins.available("sexpgpu_evaluators")
+    metrics = {m.name: m for m in plugins.available("sexpgpu_eval_metrics")}
+    assert sorted(metrics) == ["accuracy", "bits-per-char", "loss", "perplexity", "top-k-accuracy"]
+    assert metrics["perplexity"].finish(math.log(7.0)) == pytest.approx(7.0)
+    assert metrics["bits-per-char"].finish(math.log(2.0)) == pytest.approx(1.0)
+    assert isinstance(runner.factory(metrics), PassRunner)
+
+
+class FakePass:
+    name, data, batches = "probe", "held", 3
+
+
+class FakeTrainer:
+    def __init__(self):
+        self.batches = []
+
+    def evaluate(self, name, batch):
+        self.batches.append(batch["x"])
+        return {"loss": float(batch["x"]), "ppl": float(batch["x"])}
+
+
+class Counting:
+    def __init__(self):
+        self.at = 0
+
+    def next_batch(self):
+        self.at += 1
+        return {"x": np.array(self.at)}
+
+
+def test_the_runner_averages_then_finishes_and_stops_before_a_batch():
+    from sexpgpu.extension import EvalMetricInfo
+
+    runner = PassRunner({"ppl": EvalMetricInfo("ppl", "loss", lambda mean: mean * 10)})
+    opened = []
+
+    def open_data(decl, seed):
+        opened.append((decl, seed))
+        return Counting()
+
+    trainer = FakeTrainer()
+    numbers = runner.run_pass(
+        FakePass(), trainer, seed=7, open_data=open_data, stopping=lambda: False
+    )
+    assert numbers == {"loss": 2.0, "ppl": 20.0}
+    assert opened == [("held", 8)]  # eval data is its own stream: the run's seed + 1
+    calls = iter([False, True])
+    trainer = FakeTrainer()
+    stopped = runner.run_pass(
+        FakePass(), trainer, seed=7, open_data=open_data, stopping=lambda: next(calls)
+    )
+    assert stopped is None and len(trainer.batches) == 1
+
+
+def test_evaluated_json_round_trips_and_a_bad_one_is_refused(tmp_path):
+    storage = open_location(str(tmp_path))
+    assert read_evaluated(storage) == {}
+    write_evaluated(storage, {"probe": [4, 2], "eval": [250]})
+    assert (tmp_path / "evaluated.json").read_text() == '{"eval": [250], "probe": [2, 4]}\n'
+    assert read_evaluated(storage) == {"eval": [250], "probe": [2, 4]}
+    for bad in (b"", b"{", b'{"probe": [2, "4"]}', b'{"probe": [-1]}', b"[]", b"\xff"):
+        (tmp_path / "evaluated.json").write_bytes(bad)
+        with pytest.raises(CheckpointError) as caught:
+            read_evaluated(storage)
+        assert caught.value.code == "E-EVAL-003"
+        assert "\n" not in str(caught.value)
+
+
+SECOND_RUNNER = """
+from sexpgpu.extension import EvaluatorInfo
+from sexpgpu.hookspecs import hookimpl
+
+
+@hookimpl
+def sexpgpu_evaluators():
+    return [EvaluatorInfo("mine", lambda metrics: None)]
+"""
+
+
+def test_a_second_eval_pass_runner_is_a_conflict_naming_both(tmp_path):
+    (tmp_path / "w").mkdir()
+    (tmp_path / "w" / "r.sx").write_text(Path(__file__).with_name("eval.sx").read_text())
+    plugin = make_plugin(
+        tmp_path / "p",
+        "sexpgpu-runner",
+        {"sexpgpu_runner": SECOND_RUNNER},
+        {"runner": "sexpgpu_runner"},
+    )
+    env = sexpgpu_env(PYTHONPATH=str(plugin))
+    result = run_sexpgpu("run", "r.sx", "--metrics-dir", "m", cwd=tmp_path / "w", env=env)
+    assert result.returncode == 1
+    assert (
+        "sexpgpu run: step 1: E-PLUGIN-001: eval passes (:evals) is supplied by more than one plugin"
+        in result.stderr
+    )
+    assert "'eval' (sexpgpu 0.1.0) and 'runner' (sexpgpu-runner 0.1)" in result.stderr
+    listed = run_sexpgpu("plugins", cwd=tmp_path / "w", env=env)
+    assert "eval-pass runner" in listed.stdout + listed.stderr
