@@ -48,7 +48,7 @@ else:
     from sexpgpu.errors import Pos
     from sexpgpu.graph import Init, LoadSpec, ParamDecl, Program, TensorType
     from sexpgpu.loading import Loads
-    from sexpgpu_torch.lowering import TorchTrainer
+    from sexpgpu_torch.trainer import TorchTrainer
     decls = [
         ParamDecl(f"teacher.w{i}", TensorType((elements,), "f32"), Init("zeros", ()), False, (),
                   LoadSpec(path, f"w{i}"), Pos("bench.sx", 1, 1))

@@ -18,7 +18,7 @@ LOWERING = "torch"
 
 
 def _lowering_factory() -> Any:
-    from sexpgpu_torch.lowering import TorchLowering
+    from sexpgpu_torch.trainer import TorchLowering
 
     return TorchLowering()
 

@@ -11,7 +11,7 @@ of parameters tagged with one of ``no_decay_tags`` (the ``decay`` flags).
 The lowering clips the gradients (:func:`clip_by_global_norm`) before ``propose``
 and derives ``count`` from the global step number and the first step of the run
 of stages that share these states (see
-:meth:`sexpgpu_torch.lowering.TorchTrainer.propose`), which survives a resume.
+:meth:`sexpgpu_torch.trainer.TorchTrainer.propose`), which survives a resume.
 """
 
 from __future__ import annotations
