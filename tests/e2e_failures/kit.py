@@ -193,3 +193,7 @@ def assert_failed_run(metrics_dir: Path, line: str) -> Path:
 def losses(run_dir: Path) -> dict[int, float]:
     """Each step's loss point in a run's metrics stream."""
     return {e["step"]: e["value"] for e in events(run_dir) if e.get("name") == "loss"}
+
+
+RESUME_RUN = ["run", "my-run.sx", "--checkpoint-dir", "ckpt", "--metrics-dir", "m", "--steps", "6"]
+"""The run a damaged checkpoint is resumed by (6 steps, past the 4 of the trained one)."""

@@ -22,32 +22,16 @@ from pathlib import Path
 import google_crc32c
 import pytest
 
-from tests.e2e.helpers import EXAMPLES, events, experiments, run_sexpgpu, step_dirs
+from tests.e2e.helpers import events, experiments, run_sexpgpu, step_dirs
 
+from .kit import RESUME_RUN as RUN
 from .kit import error_line
 
-RUN = ["run", "my-run.sx", "--checkpoint-dir", "ckpt", "--metrics-dir", "m", "--steps", "6"]
 STEP4 = Path("ckpt/step-00000004")
 P, S, T, E = (
     STEP4 / n for n in ("params.safetensors", "states.safetensors", "state.json", "experiment.json")
 )
 OLDER = "--resume latest never falls back to an older checkpoint: to resume from the one before it, pass --resume ckpt/step-00000002"
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory) -> Path:
-    """examples/my-run.sx trained for 4 steps: checkpoints at steps 2 and 4."""
-    root = tmp_path_factory.mktemp("trained")
-    shutil.copy(EXAMPLES / "my-run.sx", root / "my-run.sx")
-    result = run_sexpgpu(*RUN[:-2], "--steps", "4", cwd=root)
-    assert result.returncode == 0, result.stderr
-    return root
-
-
-@pytest.fixture
-def workdir(trained: Path, tmp_path: Path) -> Path:
-    shutil.copytree(trained, tmp_path / "w", symlinks=True)
-    return tmp_path / "w"
 
 
 # ------------------------------------------------------------------ forging tools
