@@ -123,3 +123,25 @@ def send(proc: subprocess.Popen, signum: int) -> None:
 
 
 SIGNALS = {"SIGTERM": signal.SIGTERM, "SIGINT": signal.SIGINT, "SIGHUP": signal.SIGHUP}
+
+
+def keep_file(workdir: Path, keep: str = "", every: int = 2) -> str:
+    """examples/my-run.sx (copied into ``workdir/examples``) rewritten as ``keep.sx``
+    with ``:checkpoint-every every`` and, if given, ``:keep-last keep``."""
+    source = (workdir / "examples" / "my-run.sx").read_text()
+    assert "  :checkpoint-every 2\n" in source
+    extra = f"  :keep-last {keep}\n" if keep else ""
+    (workdir / "keep.sx").write_text(
+        source.replace("  :checkpoint-every 2\n", f"  :checkpoint-every {every}\n{extra}")
+    )
+    return "keep.sx"
+
+
+def deleting(by_step: dict[int, set[str]]) -> bool:
+    """Whether a deletion is part way, from each step folder's file names: a folder
+    older than the newest complete one that has lost experiment.json and still holds files."""
+    complete = [n for n, files in by_step.items() if "experiment.json" in files]
+    return bool(complete) and any(
+        n < max(complete) and "experiment.json" not in files and files
+        for n, files in by_step.items()
+    )

@@ -18,8 +18,10 @@ from tests.foundation.pluginkit import make_plugin
 
 from .helpers import (
     assert_same_tensors,
+    deleting,
     events,
     experiments,
+    keep_file,
     run_sexpgpu,
     sexpgpu_env,
     start_sexpgpu,
@@ -27,17 +29,6 @@ from .helpers import (
 )
 
 CHECKPOINT_FILES = {"experiment.json", "params.safetensors", "state.json", "states.safetensors"}
-
-
-def keep_file(workdir: Path, keep: str = "", every: int = 2) -> str:
-    """my-run.sx with ``:checkpoint-every every`` and, if given, ``:keep-last keep``."""
-    source = (workdir / "examples" / "my-run.sx").read_text()
-    assert "  :checkpoint-every 2\n" in source
-    extra = f"  :keep-last {keep}\n" if keep else ""
-    (workdir / "keep.sx").write_text(
-        source.replace("  :checkpoint-every 2\n", f"  :checkpoint-every {every}\n{extra}")
-    )
-    return "keep.sx"
 
 
 def records(stderr: str) -> list[dict]:
@@ -214,18 +205,15 @@ def test_a_deletion_that_fails_is_a_warning_and_the_run_goes_on(workdir, tmp_pat
     assert summary["checkpoint"] == f"slow://{root}/step-00000006"
 
 
-def deleting(root: Path) -> bool:
-    """Whether a deletion is part way: a folder older than the newest complete one that
-    has lost experiment.json and still holds files."""
-    folders = (
-        sorted(p for p in root.iterdir() if p.name.startswith("step-")) if root.exists() else []
-    )
-    complete = [p.name for p in folders if (p / "experiment.json").exists()]
-    return any(
-        p.name < complete[-1] and not (p / "experiment.json").exists() and any(p.iterdir())
-        for p in folders
-        if complete
-    )
+def local_folders(root: Path) -> dict[int, set[str]]:
+    """Each step folder's file names under a local checkpoint location."""
+    if not root.exists():
+        return {}
+    return {
+        int(p.name[5:]): {f.name for f in p.iterdir()}
+        for p in root.iterdir()
+        if p.name.startswith("step-")
+    }
 
 
 def assert_complete_ones_whole(root: Path) -> None:
@@ -263,8 +251,8 @@ def test_kill_9_during_deletions_leaves_resume_latest_working(workdir, tmp_path)
             wait_deleting = attempt % 2 == 0
             at = time.monotonic() + chance.uniform(1.5, 3.0)
             while time.monotonic() < deadline and proc.poll() is None:
-                if deleting(root) if wait_deleting else time.monotonic() >= at:
-                    mid_deletion += deleting(root)
+                if deleting(local_folders(root)) if wait_deleting else time.monotonic() >= at:
+                    mid_deletion += deleting(local_folders(root))
                     break
                 time.sleep(0.002)
         finally:

@@ -10,21 +10,13 @@ import time
 
 import pytest
 
-from tests.e2e.helpers import run_sexpgpu, start_sexpgpu, tensors
+from tests.e2e.helpers import deleting, keep_file, run_sexpgpu, start_sexpgpu, tensors
 from tests.e2e_storage.buckets import CHECKPOINT_FILES, Bucket
 from tests.servers import unique_prefix
 
 pytestmark = pytest.mark.slow
 
 STEPS = 16
-
-
-def keep_file(workdir) -> str:
-    """my-run.sx checkpointing every step."""
-    source = (workdir / "examples" / "my-run.sx").read_text()
-    assert "  :checkpoint-every 2\n" in source
-    (workdir / "every.sx").write_text(source.replace(":checkpoint-every 2", ":checkpoint-every 1"))
-    return "every.sx"
 
 
 def folders(bucket: Bucket, prefix: str) -> dict[int, set[str]]:
@@ -37,17 +29,8 @@ def folders(bucket: Bucket, prefix: str) -> dict[int, set[str]]:
     return found
 
 
-def deleting(by_step: dict[int, set[str]]) -> bool:
-    """A folder older than the newest complete one, without experiment.json, with files."""
-    complete = [n for n, files in by_step.items() if "experiment.json" in files]
-    return bool(complete) and any(
-        n < max(complete) and "experiment.json" not in files and files
-        for n, files in by_step.items()
-    )
-
-
 def test_keep_last_and_kill_9_during_deletions(bucket: Bucket, workdir):
-    source = keep_file(workdir)
+    source = keep_file(workdir, every=1)
     reference = run_sexpgpu(
         "run",
         source,

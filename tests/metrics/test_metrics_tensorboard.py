@@ -3,7 +3,6 @@ and, where it is installed, event files TensorBoard itself reads back."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -11,7 +10,6 @@ import sys
 import pytest
 
 from sexpgpu.metrics import MetricsStream, open_sinks
-from sexpgpu.plugins import get_plugins
 
 # What a machine without tensorboard sees: the module blocked in a fresh interpreter.
 WITHOUT_TENSORBOARD = """
@@ -50,12 +48,6 @@ def test_without_tensorboard_listed_unavailable_with_the_install_hint(tmp_path):
         "the metrics sink 'tensorboard' needs the plugin 'tensorboard', which is unavailable: "
         "tensorboard is not installed: pip install 'sexpgpu[tensorboard]'"
     )
-
-
-def test_tensorboard_is_installed_by_the_dev_extra():
-    # The sink is tested for real in CI, so the dev extra must bring tensorboard.
-    assert importlib.util.find_spec("tensorboard") is not None
-    assert get_plugins().record("tensorboard").available
 
 
 def test_points_and_annotations_read_back_by_tensorboard(tmp_path):
