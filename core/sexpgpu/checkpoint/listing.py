@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from sexpgpu.checkpoint.find import steps_of
 from sexpgpu.checkpoint.keys import EXPERIMENT_FILE, file_key
-from sexpgpu.checkpoint.read import read_experiment
+from sexpgpu.checkpoint.read import read_experiment_bytes
 from sexpgpu.errors import CheckpointError, StorageError
 
 if TYPE_CHECKING:
@@ -40,15 +40,14 @@ def list_checkpoints(storage: Storage) -> list[CheckpointEntry]:
             if not storage.exists(file_key(key, EXPERIMENT_FILE)):
                 entries.append(CheckpointEntry(step, key, complete=False))
                 continue
-            experiment = read_experiment(storage, key)
+            experiment, data = read_experiment_bytes(storage, key)
         except (CheckpointError, StorageError) as error:
             entries.append(CheckpointEntry(step, key, complete=True, problem=error.render()))
             continue
         files = experiment.get("files")
         size = None
         if files is not None:
-            size = sum(record["size"] for record in files.values())
-            size += len(storage.read(file_key(key, EXPERIMENT_FILE)))
+            size = sum(record["size"] for record in files.values()) + len(data)
         entries.append(
             CheckpointEntry(
                 step,

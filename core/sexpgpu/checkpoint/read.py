@@ -66,8 +66,15 @@ def _read_json(storage: Storage, key: str, name: str) -> tuple[Any, bytes]:
 def read_experiment(storage: Storage, key: str) -> dict[str, Any]:
     """``experiment.json`` of the checkpoint at ``key``, checked to be one this sexpgpu reads."""
     require_complete(storage, key)
+    return read_experiment_bytes(storage, key)[0]
+
+
+def read_experiment_bytes(storage: Storage, key: str) -> tuple[dict[str, Any], bytes]:
+    """``experiment.json`` at ``key`` checked, and its bytes, read in one request; for a
+    caller that knows the checkpoint is complete (it has just listed or seen the file)."""
     where = location_of(storage, file_key(key, EXPERIMENT_FILE))
-    return check_experiment(_read_json(storage, key, EXPERIMENT_FILE)[0], where)
+    record, data = _read_json(storage, key, EXPERIMENT_FILE)
+    return check_experiment(record, where), data
 
 
 def read_state(

@@ -14,7 +14,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from sexpgpu.checkpoint.keys import EXPERIMENT_FILE, FILES, file_key, parse_step_key
+from sexpgpu.checkpoint.find import steps_of
+from sexpgpu.checkpoint.keys import EXPERIMENT_FILE, FILES, file_key
 
 if TYPE_CHECKING:
     from sexpgpu.extension import Storage
@@ -38,14 +39,9 @@ def list_steps(storage: Storage) -> list[StepFolder]:
     Other names are ignored. A location that cannot be listed raises
     :class:`sexpgpu.errors.StorageError`.
     """
-    found: dict[int, str] = {}
-    for name in storage.list_children(""):
-        step = parse_step_key(name)
-        if step is not None:
-            found[step] = name.rstrip("/")
     return [
         StepFolder(step, key, storage.exists(file_key(key, EXPERIMENT_FILE)))
-        for step, key in sorted(found.items())
+        for step, key in steps_of(storage)
     ]
 
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 import weakref
 from typing import TYPE_CHECKING
 
-from sexpgpu.checkpoint.keys import EXPERIMENT_FILE, file_key, parse_step_key
+from sexpgpu.checkpoint.find import steps_of
+from sexpgpu.checkpoint.keys import EXPERIMENT_FILE, file_key
 from sexpgpu.errors import StorageError
 
 if TYPE_CHECKING:
@@ -38,11 +39,9 @@ def remove_leftovers(storage: Storage, stored: int) -> list[str]:
         known = set()
     removed = []
     try:
-        for name in storage.list_children(""):
-            step = parse_step_key(name)
-            if step is None or step > stored or step in known:
+        for step, folder in steps_of(storage):
+            if step > stored or step in known:
                 continue
-            folder = name.rstrip("/")
             _remove_temporaries(storage, folder)
             if step == stored or storage.exists(file_key(folder, EXPERIMENT_FILE)):
                 known.add(step)
