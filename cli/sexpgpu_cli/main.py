@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import sys
 
-from sexpgpu.signals import Interrupted, StopWatch, watch_process
+from sexpgpu.signals import Interrupted, StopWatch, interruption, watch_process
 
 # name -> "module:attribute"; imported only when the command runs or --help lists it
 BUILTIN_COMMANDS = {
@@ -41,6 +41,10 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:  # raised by something else than our handler
         watch.ended()
         code = _report(args, "SIGINT", 2)
+    except Exception as error:
+        if interruption(error) is None:
+            raise
+        code = _interrupted_before_the_command_ended(watch, args)
     watch.ended()
     if argv is None:  # the console script: the process is this command's to its end
         watch.hold_until_exit()

@@ -32,7 +32,7 @@ from sexpgpu.log import get_logger
 from sexpgpu.plugins import get_plugins
 from sexpgpu.reporting import DEFAULT_LOG_EVERY, LogEvery, Reporter
 from sexpgpu.schedule import lr_at
-from sexpgpu.signals import Interrupted, StopWatch, process_watch
+from sexpgpu.signals import StopWatch, interruption, process_watch
 
 DEFAULT_METRICS_DIR = "./sexpgpu-runs"
 
@@ -87,7 +87,9 @@ def run(options: RunOptions) -> RunOutcome:
                 watch.install()
                 watch.interrupt_if_stopping()
             active.set_up(options, watch)
-        except Interrupted:
+        except BaseException as error:
+            if interruption(error) is None:
+                raise
             # Nothing to save yet. The step is the one the run would start from:
             # 0 until the checkpoint it resumes from has been read.
             step = getattr(active, "step", 0)
@@ -263,6 +265,7 @@ class Run:
 
         # From here on a signal stops the run at a step boundary instead of at once,
         # so the status file and the metrics stream always see how it ended.
+        watch.interrupt_if_stopping()  # a signal whose exception was swallowed on the way
         watch.loop_started()
         self._open_outputs(resumed, moved)
 

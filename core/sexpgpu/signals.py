@@ -34,7 +34,14 @@ import threading
 import time
 from types import FrameType
 
-__all__ = ["HANDLED", "Interrupted", "StopWatch", "process_watch", "watch_process"]
+__all__ = [
+    "HANDLED",
+    "Interrupted",
+    "StopWatch",
+    "interruption",
+    "process_watch",
+    "watch_process",
+]
 
 HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 """The signals that stop a run."""
@@ -52,6 +59,24 @@ class Interrupted(BaseException):
     def __init__(self, signum: int):
         self.signum = signum
         super().__init__(signal.Signals(signum).name)
+
+
+def interruption(error: BaseException) -> Interrupted | None:
+    """The :class:`Interrupted` that ``error`` is, or that caused it, if any.
+
+    The handler raises wherever the main thread happens to be, and some places
+    wrap what is raised there: an import that defines a class turns an exception
+    from a ``__set_name__`` into a ``RuntimeError`` (Python 3.11), for one. Such
+    an error is still the signal's, and must end the command as the signal does.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        if isinstance(current, Interrupted):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
 
 
 class StopWatch:
@@ -165,9 +190,11 @@ class StopWatch:
         self._armed = True
 
     def interrupt_if_stopping(self) -> None:
-        """Raise :class:`Interrupted` now for a signal that came while installing."""
+        """Raise :class:`Interrupted` now if a stopping signal has come and the loop
+        has not started: one that came while installing, or one whose exception
+        something swallowed (an exception raised in a ``__del__`` is only printed)."""
         with self._lock:
-            due = self.stopping and self.raise_now and not self._raised and not self._ended
+            due = self.stopping and self.raise_now and not self._ended
             self._raised = self._raised or due
         if due:
             raise Interrupted(self.signum or signal.SIGTERM)
