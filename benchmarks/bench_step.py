@@ -23,8 +23,9 @@ REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "tiny-lm.sx"
 
 
-def _hand_written(params0: dict, program, attention: str):
-    """tiny-lm as one would write it in PyTorch: modules, torch.optim.AdamW, clipping."""
+def _hand_written(params0: dict, program, attention: str, compile_model: bool = False):
+    """tiny-lm as one would write it in PyTorch: modules, torch.optim.AdamW, clipping;
+    with ``compile_model`` the module goes through ``torch.compile`` (bench_compiled.py)."""
     import torch
     import torch.nn.functional as F
     from torch import nn
@@ -136,6 +137,9 @@ def _hand_written(params0: dict, program, attention: str):
         weight_decay=decl.options["weight_decay"],
         foreach=True,  # the faster of torch's two CPU implementations
     )
+
+    if compile_model:
+        model = torch.compile(model)
 
     def step(batch, lr: float) -> float:
         for group in opt.param_groups:

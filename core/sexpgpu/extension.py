@@ -88,6 +88,13 @@ class Trainer(Protocol):
     (one fused check, one host sync); ``commit`` makes it the current state.
     Optimizer states belong to a stage: entering a stage whose optimizer
     differs starts its states afresh.
+
+    A trainer that can train as one rank of several also has
+    ``use_group(group: RankGroup) -> None``, which the run calls once, before any
+    parameter is set, when it has more than one rank: ``propose`` then takes the
+    rank's part of the global batch and averages the gradients across the ranks
+    (the loss it reports is the mean over the ranks). It is optional, and outside
+    this protocol, so that a lowering for one device still satisfies it.
     """
 
     choices: Mapping[str, str]
@@ -134,6 +141,45 @@ class Trainer(Protocol):
         """Run an eval pass's graph on one batch (no dropout, no gradients); each metric's value."""
 
 
+@runtime_checkable
+class RankGroup(Protocol):
+    """The ranks of a data-parallel run, one process each, as a lowering joins them.
+
+    Every rank holds the whole model and takes its own part of each global batch;
+    the trainer averages the gradients across the ranks before the update, so every
+    rank commits the same parameters. The run loop uses the group for what the
+    ranks must agree on: whether to stop after a step, the finite guard's verdict,
+    and that the ranks still hold the same bytes. Only the writer (rank 0) writes
+    checkpoints, metrics and the status file. Every collective raises
+    :class:`sexpgpu.errors.RunError` (``E-DP-003``) when a rank is gone.
+    """
+
+    rank: int
+    """This process's rank, 0 to ``size - 1``."""
+    size: int
+    """How many ranks (devices) the run has in all."""
+    nodes: int
+    """How many machines they are on."""
+    device: str
+    """The device this rank trains on (``cuda`` becomes ``cuda:<local rank>``)."""
+
+    @property
+    def is_writer(self) -> bool:
+        """Whether this rank writes checkpoints, metrics and the status file."""
+
+    def max(self, value: int) -> int:
+        """The largest of every rank's ``value`` (one small collective)."""
+
+    def same(self, data: bytes) -> bool:
+        """Whether every rank passed the same ``data`` (a digest)."""
+
+    def barrier(self) -> None:
+        """Return once every rank has called it."""
+
+    def close(self) -> None:
+        """Leave the group (after the last collective)."""
+
+
 class Lowering(Protocol):
     """Compiles a checked :class:`sexpgpu.graph.Program` for one device kind."""
 
@@ -158,12 +204,25 @@ class Lowering(Protocol):
 
 @dataclass(frozen=True)
 class LoweringInfo:
-    """A lowering: its name, the device kinds it serves, and a lazy factory."""
+    """A lowering: its name, the device kinds it serves, and a lazy factory.
+
+    ``sexpgpu run --lowering NAME`` picks one by name; without it a run takes the
+    lowering that is the default for its device kind (``default_for``). The name
+    is recorded as the choice ``lowering`` and pinned on resume."""
 
     name: str
     devices: tuple[str, ...]
     factory: Callable[[], Lowering]
     doc: str = ""
+    default_for: tuple[str, ...] | None = None
+    """The device kinds where a run takes this lowering unless ``--lowering`` names
+    another; ``None``: every kind in ``devices``. Two available lowerings that are
+    the default for one kind are a conflict; serving one (by name) is not."""
+    group: Callable[[str], RankGroup | None] | None = None
+    """Joins the group of ranks a launcher started (``sexpgpu run --devices N``,
+    ``torchrun``) for a device (``cpu``, ``cuda``): the :class:`RankGroup`, or
+    ``None`` when the process was not launched as one of several ranks. A lowering
+    without it trains on one device only."""
 
 
 # ---------------------------------------------------------------- kernels

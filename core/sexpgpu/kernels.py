@@ -14,7 +14,7 @@ are what a trainer records as its ``choices`` (:func:`recorded`).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sexpgpu.errors import CheckpointError, PluginError
 
@@ -101,3 +101,69 @@ def recorded(chosen: Mapping[str, KernelInfo]) -> dict[str, str]:
     """``{site: kernel name}``: what a trainer exposes as ``choices`` and a checkpoint
     records, so that a resume can pin the same kernels."""
     return {site: kernel.name for site, kernel in chosen.items()}
+
+
+# ---------------------------------------------------------------- the lowering itself
+
+LOWERING_CHOICE = "lowering"
+"""The recorded choice naming the lowering a run used (``torch``, ``compiled``)."""
+
+UNRECORDED_LOWERING = "torch"
+"""What a checkpoint that records no lowering ran on: the eager torch lowering, the
+only one there was before the choice was recorded."""
+
+
+def with_lowering(recorded: Mapping[str, str]) -> dict[str, str]:
+    """A checkpoint's recorded choices with ``lowering`` as it ran: the eager one when
+    the checkpoint is older than the record."""
+    return {LOWERING_CHOICE: UNRECORDED_LOWERING, **recorded}
+
+
+def choose_lowering(
+    lowerings: Sequence[Any],
+    *,
+    device: str,
+    requested: str | None,
+    pinned: Mapping[str, str] | None,
+) -> Any:
+    """The :class:`sexpgpu.extension.LoweringInfo` named for a run on ``device``, or
+    ``None`` when none is: the run then takes the default for the device kind
+    (``LoweringInfo.default_for``).
+
+    ``requested`` (``--lowering``) names one; else the pinned choice ``lowering``
+    of a resume. ``requested`` against another pinned lowering, or a pinned
+    one that cannot serve here, is ``E-CHOICE-001``; a requested one that is not
+    installed or does not serve the device is a :class:`PluginError`. Conflicts
+    are the plugin machinery's: a contested descriptor comes in refusing.
+    """
+    kind = device_kind(device)
+    recorded_name = (pinned or {}).get(LOWERING_CHOICE)
+    if requested and recorded_name and requested != recorded_name:
+        raise CheckpointError(
+            f"the recorded choice '{recorded_name}' for {LOWERING_CHOICE} cannot be taken "
+            f"with --lowering {requested} (use --choices fresh to choose again)",
+            code="E-CHOICE-001",
+        )
+    name = requested or recorded_name
+    if name is None:
+        return None
+    found = next((info for info in lowerings if info.name == name), None)
+    if found is not None and kind in found.devices:
+        return found
+    if requested is None:
+        why = "no such lowering is installed" if found is None else f"it does not run on {kind}"
+        raise CheckpointError(
+            f"the recorded choice '{name}' for {LOWERING_CHOICE} cannot be taken here: "
+            f"{why} (use --choices fresh to choose again)",
+            code="E-CHOICE-001",
+        )
+    serving = sorted(info.name for info in lowerings if kind in info.devices)
+    if found is None:
+        raise PluginError(
+            f"--lowering {name}: no installed plugin supplies that lowering "
+            f"(lowerings for {kind}: {', '.join(serving) or 'none'}; see `sexpgpu plugins`)"
+        )
+    raise PluginError(
+        f"--lowering {name}: the {name} lowering does not run on {kind} "
+        f"(it runs on {', '.join(found.devices)})"
+    )

@@ -71,8 +71,29 @@ def _kernel(info: Any) -> dict[str, Any]:
     }
 
 
+def defaults_of(info: Any) -> tuple[str, ...]:
+    """The device kinds a lowering descriptor is the default for (``default_for``,
+    else every kind it serves)."""
+    default_for = getattr(info, "default_for", None)
+    return tuple(info.devices if default_for is None else default_for)
+
+
+def _lowering_keys(info: Any) -> tuple[str, ...]:
+    # Serving a kind is no claim: only being its default is, since a run without
+    # --lowering must find one lowering for its device, never settle it by load order.
+    return (
+        f"lowering '{info.name}'",
+        *(f"lowering for '{device}' devices" for device in defaults_of(info)),
+    )
+
+
 def _lowering(info: Any) -> dict[str, Any]:
-    return {"name": info.name, "devices": list(info.devices), "doc": _doc(info)}
+    return {
+        "name": info.name,
+        "devices": list(info.devices),
+        "default_for": list(defaults_of(info)),
+        "doc": _doc(info),
+    }
 
 
 def _op(info: Any) -> dict[str, Any]:
@@ -114,10 +135,7 @@ SUPPLIES: dict[str, SupplyKind] = {
         SupplyKind(
             "sexpgpu_lowerings",
             "lowering",
-            lambda i: (
-                f"lowering '{i.name}'",
-                *(f"lowering for '{device}' devices" for device in i.devices),
-            ),
+            _lowering_keys,
             lambda i: i.name,
             _lowering,
         ),

@@ -26,10 +26,27 @@ from sexpgpu.errors import (
     StorageError,
     UsageError,
 )
-from sexpgpu.extension import DataLoader, DataSourceInfo, Evaluator, OptimizerInfo, Trainer
+from sexpgpu.extension import (
+    DataLoader,
+    DataSourceInfo,
+    Evaluator,
+    OptimizerInfo,
+    RankGroup,
+    Trainer,
+)
 from sexpgpu.graph import DataDecl, Program
+from sexpgpu.kernels import with_lowering
 from sexpgpu.log import get_logger
 from sexpgpu.plugins import get_plugins
+from sexpgpu.ranks import (
+    SOLO,
+    StopAgreement,
+    Unwritten,
+    check_batches,
+    check_replicas,
+    hand_over,
+    join_group,
+)
 from sexpgpu.reporting import DEFAULT_LOG_EVERY, LogEvery, Reporter
 from sexpgpu.schedule import lr_at
 from sexpgpu.signals import StopWatch, interruption, process_watch
@@ -51,6 +68,8 @@ class RunOptions:
     checkpoint_dir: str | None = None
     resume: str | None = None
     fresh_choices: bool = False
+    lowering: str | None = None
+    """``--lowering``: the lowering by name (default: the device kind's; pinned on resume)."""
     threads: int | None = None
     """``--threads``: the CPU's intra-op thread count (pinned as ``cpu.threads``)."""
     progress: bool = False
@@ -80,8 +99,8 @@ def run(options: RunOptions) -> RunOutcome:
     owned = watch is None
     if watch is None:
         watch = StopWatch()
+    active = Run()
     try:
-        active = Run()
         try:
             if owned:
                 watch.install()
@@ -98,27 +117,46 @@ def run(options: RunOptions) -> RunOutcome:
         return active.train()
     finally:
         watch.ended()  # the outcome is decided: no later signal changes it
+        active.group.close()
         if owned:
             watch.uninstall()
 
 
 def lower_program(
-    program: Program, *, device: str = "cpu", pinned: Mapping[str, str] | None = None
+    program: Program,
+    *,
+    device: str = "cpu",
+    pinned: Mapping[str, str] | None = None,
+    lowering: str | None = None,
 ) -> Trainer:
-    """Lower ``program`` for ``device`` as a run does: the lowering that serves the
-    device kind, every available kernel and optimizer, ``pinned`` choices taken."""
+    """Lower ``program`` for ``device`` as a run does: the lowering named by
+    ``lowering`` or by the pinned choice, else the device kind's default; every
+    available kernel and optimizer, ``pinned`` choices taken. The lowering's name
+    is recorded in the trainer's ``choices`` (``lowering``)."""
+    from sexpgpu.kernels import LOWERING_CHOICE, choose_lowering
+    from sexpgpu.plugin_supplies import defaults_of
+
     kind = device.split(":", 1)[0]
     plugins = get_plugins()
-    info = plugins.require(
-        "sexpgpu_lowerings", f"the device '{device}'", lambda item: kind in item.devices
-    )
-    return info.factory().lower(
+    lowerings = plugins.available("sexpgpu_lowerings")
+    info = choose_lowering(lowerings, device=device, requested=lowering, pinned=pinned)
+    if info is None:
+        # the kind's default; with none available, the one lowering that serves it
+        defaulted = any(kind in defaults_of(item) for item in lowerings)
+        info = plugins.require(
+            "sexpgpu_lowerings",
+            f"the device '{device}'",
+            lambda item: kind in (defaults_of(item) if defaulted else item.devices),
+        )
+    trainer = info.factory().lower(
         program,
         device=device,
         kernels=plugins.available("sexpgpu_kernels"),
         optimizers=_optimizers(),
         pinned=pinned,
     )
+    trainer.choices[LOWERING_CHOICE] = info.name  # type: ignore[index]
+    return trainer
 
 
 def open_data(decl: DataDecl, seed: int) -> tuple[DataSourceInfo, DataLoader]:
@@ -170,6 +208,8 @@ class Run:
     def __init__(self) -> None:
         self.log = get_logger("sexpgpu.run")
         self.already_finished: str | None = None
+        self.group: RankGroup = SOLO
+        """This process's ranks: :data:`~sexpgpu.ranks.SOLO` unless a launcher started several."""
         """Set when the checkpoint resumed from is past the last step: nothing to do."""
 
     # ------------------------------------------------------------------ setup
@@ -183,6 +223,9 @@ class Run:
         self.options = options
         self.watch = watch
         self.every = LogEvery.parse(options.log_every)
+        # The ranks first: the device, who writes, and the counts a resume compares.
+        self.group = join_group(options.device, get_plugins().available("sexpgpu_lowerings"))
+        self.stops = StopAgreement(self.group, watch)
         self._open_location(options)
         self.log.info("compiling", file=options.file)
         program = compile_file(
@@ -211,7 +254,8 @@ class Run:
         self.optimizers = _optimizers()
         state = resumed.state if resumed else None
         self._take_state(state or {})
-        self.devices, self.nodes = 1, 1
+        self.devices, self.nodes = self.group.size, self.group.nodes
+        check_batches(program, self.group)
 
         moved: list[str] = []
         pinned = pins_for(None, fresh=False, threads=options.threads)
@@ -224,7 +268,7 @@ class Run:
                 state_names=state_names_for(program, self.stage, self.optimizers),
             )
             pinned = pins_for(
-                resumed.experiment.get("choices", {}),
+                with_lowering(resumed.experiment.get("choices", {})),
                 fresh=options.fresh_choices,
                 threads=options.threads,
             )
@@ -236,7 +280,11 @@ class Run:
                 )
                 return
 
-        self.trainer = lower_program(program, device=options.device, pinned=pinned)
+        self.trainer = lower_program(
+            program, device=self.group.device, pinned=pinned, lowering=options.lowering
+        )
+        if self.group.size > 1:
+            hand_over(self.trainer, self.group)
         if resumed:
             self.trainer.restore(resumed.params, resumed.states, stage=self.stage)
             # A checkpoint names its frozen :load parameters: read from their files again,
@@ -245,7 +293,7 @@ class Run:
             self.trainer.set_params(self.loads.read(frozen))
             self.loaded = self.loads.identities()
             moved += ckpt.compare_loads(resumed.experiment, self.loaded)
-            old_choices = resumed.experiment.get("choices", {})
+            old_choices = with_lowering(resumed.experiment.get("choices", {}))
             for site, name in sorted(self.trainer.choices.items()):
                 if old_choices.get(site, name) != name:
                     moved.append(f"choice {site} {old_choices[site]} -> {name}")
@@ -278,7 +326,10 @@ class Run:
         self.storage = None
         if options.checkpoint_dir:
             self.storage = open_location(options.checkpoint_dir)
-            self.storage.check_writable()
+            if self.group.is_writer:  # the other ranks only read (a checkpoint to resume)
+                self.storage.check_writable()
+            return
+        if not self.group.is_writer:  # said once, by rank 0
             return
         self.log.warning(
             "no checkpoint location: nothing will be saved, and a signal or a crash loses the run",
@@ -304,6 +355,12 @@ class Run:
         options, program = self.options, self.program
         self.slug = resumed.experiment["slug"] if resumed else new_slug(_stem(options.file))
         self.run_dir = os.path.join(options.metrics_dir, self.slug)
+        self.checkpointer = None
+        if not self.group.is_writer:  # rank 0 reports and writes for every rank
+            self.metrics = MetricsStream([], experiment=self.slug)
+            self.status = Unwritten()  # type: ignore[assignment]
+            self.resumed_location = self.resumed_from if resumed else None
+            return
         try:
             os.makedirs(self.run_dir, exist_ok=True)
         except OSError as exc:
@@ -317,7 +374,13 @@ class Run:
         )
         self.status = StatusFile(os.path.join(self.run_dir, "status.json"))
         self.resumed_location = resumed_from = self.resumed_from if resumed else None
-        self.status.update(state="running", step=self.step, checkpoint=resumed_from, slug=self.slug)
+        self.status.update(
+            state="running",
+            step=self.step,
+            checkpoint=resumed_from,
+            slug=self.slug,
+            **_status_identity(options, program, self.trainer),
+        )
         self.checkpointer = None
         if self.storage is not None:
             keep = options.keep_last if options.keep_last is not None else program.run.keep_last
@@ -344,6 +407,8 @@ class Run:
             steps=program.steps,
             step=self.step,
             choices=dict(self.trainer.choices),
+            # a lowering that compiles its graphs before the first step says how long
+            **_compile_time(self.trainer),
         )
 
     @property
@@ -384,7 +449,7 @@ class Run:
             self.evaluator = eval_runner() if program.evals else None
             if self.evals_pending:  # passes a signal stopped before they reported
                 self._evaluate(self.step, self.evals_pending)
-            if self.watch.stopping:
+            if self.stops.stopping():
                 return self._interrupted()
             while self.step < total:
                 step = self.step + 1
@@ -407,15 +472,19 @@ class Run:
                 # pass stays pending in its checkpoint and the resume runs it.
                 ended = step == total and not self.evals_pending
                 every = program.run.checkpoint_every
-                if self.storage is not None and (step == total or (every and step % every == 0)):
+                if self.checkpointer is not None and (
+                    step == total or (every and step % every == 0)
+                ):
                     self._checkpoint(finished=ended)
-                if self.watch.stopping and not ended:
+                if not ended and self.stops.stopping():
                     return self._interrupted()
-            if self.storage is not None and self.step == total:
+            if self.checkpointer is not None and self.step == total:
                 # a resume that ran the last step's pending pass: its checkpoint again,
                 # finished and owing nothing (a step already written is not written again)
                 self._checkpoint(finished=True)
             self._wait_for_checkpoint()
+            # every rank holds the same bytes (E-DP-003), and waits here for rank 0's checkpoint
+            check_replicas(self.group, self.trainer, self.step)
             self.metrics.done(self.step)
             self._finish("finished")
             return RunOutcome(0, None, self.step)
@@ -436,8 +505,13 @@ class Run:
             )
 
     def _guard(self, proposal: Any) -> None:
-        """The finite guard: refuse a proposal with a value that is not finite."""
+        """The finite guard: refuse a proposal with a value that is not finite. The
+        ranks' verdicts are agreed (one collective), so every rank stops or none."""
         bad = self.trainer.find_non_finite(proposal)
+        if self.group.size > 1 and self.group.max(int(bad is not None)) and bad is None:
+            raise RunError(
+                "another rank's proposed step has values that are not finite; nothing was committed"
+            )
         if bad is not None:
             kind, name, count = bad
             what = (
@@ -480,7 +554,7 @@ class Run:
                 self.trainer,
                 seed=self.program.run.seed,
                 open_data=lambda decl, seed: open_data(decl, seed)[1],
-                stopping=lambda: self.watch.stopping,
+                stopping=self.stops.pass_may_stop,
             )
             if numbers is None:
                 return
@@ -529,11 +603,12 @@ class Run:
 
     def _interrupted(self) -> RunOutcome:
         # The spec's order: the stop is named and reported, then its checkpoint written.
-        name, signum = self.watch.settle()
+        name, signum = self.stops.settle()
         self.metrics.annotation(self.step, f"interrupted by {name} at step {self.step}")
-        if self.storage is not None and self.step > 0:
+        if self.checkpointer is not None and self.step > 0:
             self._checkpoint(finished=False)
             self._wait_for_checkpoint()
+        check_replicas(self.group, self.trainer, self.step)
         self._finish("interrupted")
         return RunOutcome(128 + signum, f"interrupted by {name} at step {self.step}", self.step)
 
@@ -571,6 +646,33 @@ class Run:
             summary["undelivered_by_sink"] = dict(self.metrics.undelivered_by_sink)
         self.watch.ended()  # from `run <state>` on, no signal changes the outcome
         self.reporter.summary(state, self.step, **summary)
+
+
+def _status_identity(options: RunOptions, program: Program, trainer: Trainer) -> dict[str, Any]:
+    """What the status file says about the run itself: `sexpgpu runs` lists it, a
+    sink (mlflow) names and describes the run with it, and ``pid``/``host`` tell a
+    reader whether a ``running`` run still has its process."""
+    import socket
+    import time
+
+    from sexpgpu.checkpoint.records import jsonable
+
+    return {
+        "run": program.run.name,
+        "file": options.file,
+        "steps": program.steps,
+        "variant": program.variant or "-",
+        "knobs": {k.name: jsonable(k.value) for k in program.knobs},
+        "choices": {site: str(choice) for site, choice in sorted(trainer.choices.items())},
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "started": time.time(),
+    }
+
+
+def _compile_time(trainer: Any) -> dict[str, float]:
+    seconds = getattr(trainer, "compile_seconds", None)
+    return {} if seconds is None else {"compile_seconds": seconds}
 
 
 def _stem(path: str) -> str:

@@ -18,8 +18,9 @@ def logdir(metrics_dir: str | os.PathLike[str], slug: str) -> Path:
 
 
 def annotation_markdown(event: Mapping[str, Any]) -> str:
-    """An annotation as the markdown TensorBoard's text tab shows: its text, then its fields."""
-    lines = [str(event.get("text", ""))]
+    """An annotation as the markdown TensorBoard's text tab shows: its text, then its
+    fields, one line per line (a ``resumed from`` annotation has one per moved knob)."""
+    lines = str(event.get("text", "")).splitlines() or [""]
     extra = {k: v for k, v in event.items() if k not in _BASE_KEYS}
     if extra:
         lines.append("")

@@ -23,6 +23,12 @@ def _lowering_factory() -> Any:
     return TorchLowering()
 
 
+def _join_group(device: str) -> Any:
+    from sexpgpu_torch.distributed import join
+
+    return join(device)
+
+
 @hookimpl
 def sexpgpu_unavailable() -> str | None:
     """Unavailable without torch (looked up, not imported)."""
@@ -37,7 +43,10 @@ def sexpgpu_lowerings() -> list[LoweringInfo]:
             name=LOWERING,
             devices=("cpu", "cuda"),
             factory=_lowering_factory,
+            group=_join_group,
             doc="PyTorch eager execution of a compiled program (CPU, CUDA)",
+            # the reference on the CPU; on CUDA the compiled lowering is the default
+            default_for=("cpu",),
         )
     ]
 

@@ -49,6 +49,17 @@ class Ctx:
         self.seed = seed
         self.device = device
 
+    def dropout_mask(
+        self, shape: Sequence[int], keep: float, key: int, iteration: int | None
+    ) -> Tensor:
+        """A dropout's keep-mask over ``shape``, drawn from ``(seed, "dropout", step,
+        key[, iteration])``. (A lowering that traces graphs draws it outside the trace
+        and hands it in, so that no trace depends on the step.)"""
+        parts = (self.seed, "dropout", self.step, key) + (() if iteration is None else (iteration,))
+        gen = torch.Generator(device=self.device)
+        gen.manual_seed(derive_seed(*parts))
+        return torch.rand(tuple(shape), generator=gen, device=self.device) < keep
+
 
 class Slots(tuple):
     """One iteration's slot tensors for a stack kernel; ``iteration`` seeds its dropout."""
@@ -206,10 +217,7 @@ class _Compiler:
             if not ctx.training or p == 0.0:
                 return x
             it = box[0] if box is not None else iteration
-            parts = (ctx.seed, "dropout", ctx.step, key) + (() if it is None else (it,))
-            gen = torch.Generator(device=x.device)
-            gen.manual_seed(derive_seed(*parts))
-            mask = torch.rand(x.shape, generator=gen, device=x.device) < keep
+            mask = ctx.dropout_mask(x.shape, keep, key, it)
             return x * mask.to(x.dtype) * (1.0 / keep)
 
         return run

@@ -115,6 +115,9 @@ def _group_key(stage: Any) -> tuple:
 class TorchTrainer:
     """The :class:`sexpgpu.extension.Trainer` of the torch lowering."""
 
+    ctx_type: type[Ctx] = Ctx
+    """What graphs read besides their values (a subclass may keep parts out of traces)."""
+
     def __init__(
         self,
         program: Program,
@@ -126,7 +129,7 @@ class TorchTrainer:
         self.program = program
         self.device = torch.device(device)
         self.choices: dict[str, str] = recorded(chosen)
-        self.ctx = Ctx(program.run.seed, self.device)
+        self.ctx = self.ctx_type(program.run.seed, self.device)
         self.autocast = program.run.precision == "bf16" and self.device.type == "cuda"
         fns = {site: k.factory() for site, k in chosen.items()}
         inline = frozenset(site for site, k in chosen.items() if k.inline)
@@ -178,6 +181,15 @@ class TorchTrainer:
         self.ctx.params = self.params  # the same dict for good: graphs read it by path
         self.states: dict[str, list[Tensor]] = {}
         self.current_group: int | None = None
+        self.ranks: Any = None  # the TorchGroup of a data-parallel run (use_group)
+
+    def use_group(self, group: Any) -> None:
+        """Train as one rank of ``group`` (a :class:`sexpgpu_torch.distributed.TorchGroup`):
+        each step takes this rank's part of the global batch and averages the
+        gradients across the ranks. Dropout draws from a seed of its own per rank,
+        so the ranks' masks are not the same for their different records."""
+        self.ranks = group
+        self.ctx.seed = derive_seed(self.program.run.seed, "rank", group.rank)
 
     # -- parameters
 
@@ -241,11 +253,13 @@ class TorchTrainer:
         ``step - group_start`` of the stage's state group (see the module docstring).
         """
         ctx = self.ctx
+        if self.ranks is not None:  # this rank's part of the global batch
+            batch = {name: array[self.ranks.shard(len(array))] for name, array in batch.items()}
         self._inputs(batch, self.fields[stage])
         ctx.step, ctx.training = step, True
         trainable = [self.params[p] for p in self.trainable]
         if self.autocast:
-            with torch.autocast("cuda", dtype=torch.bfloat16):
+            with torch.autocast(self.device.type, dtype=torch.bfloat16):
                 (loss,) = self.stage_loss[stage]()
         else:
             (loss,) = self.stage_loss[stage]()
@@ -261,6 +275,8 @@ class TorchTrainer:
         update, options = self.updates[stage]
         with torch.no_grad():
             loss = loss.detach()
+            if self.ranks is not None:  # before clipping: the norm is the global batch's
+                loss = self.ranks.average(grads, loss)
             clip = self.program.stages[stage].optimizer.clip
             if clip is not None and grads:
                 clip_by_global_norm(grads, float(clip))
@@ -349,11 +365,16 @@ class TorchTrainer:
             if arrays is None:
                 arrays = layout_tensors(specs)
                 self._export_buffers[key] = arrays
-            for name, t in tensors.items():
-                torch.from_numpy(arrays[name]).copy_(t.detach())
+            self.copy_to_host(arrays, tensors)
             return arrays
 
         return copy_out(sources), copy_out(state_sources)
+
+    def copy_to_host(self, arrays: Mapping[str, np.ndarray], tensors: Mapping[str, Tensor]) -> None:
+        """Copy each of ``tensors`` into the host array of its name; done on return.
+        (A lowering for a device with streams may override it to copy asynchronously.)"""
+        for name, t in tensors.items():
+            torch.from_numpy(arrays[name]).copy_(t.detach())
 
     def restore(
         self, params: Mapping[str, np.ndarray], states: Mapping[str, np.ndarray], *, stage: int
@@ -405,7 +426,7 @@ class TorchTrainer:
         self.ctx.training = False
         with torch.no_grad():
             if self.autocast:
-                with torch.autocast("cuda", dtype=torch.bfloat16):
+                with torch.autocast(self.device.type, dtype=torch.bfloat16):
                     outputs = run()
             else:
                 outputs = run()

@@ -73,3 +73,38 @@ def test_points_and_annotations_read_back_by_tensorboard(tmp_path):
     assert [t.step for t in texts] == [2, 3]
     first = texts[0].tensor_proto.string_val[0].decode()
     assert first.startswith("checkpoint step") and "`seconds`: 0.5" in first
+
+
+def test_annotations_render_in_tensorboard_one_line_per_line(tmp_path):
+    """What TensorBoard's text tab shows, through its own reader and renderer."""
+    import re
+    from html import unescape
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.plugins.text.text_plugin import process_event
+    from tensorboard.util.tensor_util import make_ndarray
+
+    from sexpgpu_tensorboard.sink import logdir
+
+    slug = "my-run-3f9a1c"
+    text = "resumed from ck/step-00000004\nknob lr 0.5 -> 0.25\nsource my-run.sx changed"
+    stream = MetricsStream(open_sinks(["tensorboard"], str(tmp_path), slug), experiment=slug)
+    stream.annotation(4, text, seconds=0.5, blocked=0.01)
+    stream.done(6)
+    assert stream.close(timeout=None) == 0
+
+    accumulator = EventAccumulator(str(logdir(tmp_path, slug)), size_guidance={"tensors": 0})
+    accumulator.Reload()
+    shown = []
+    for event in accumulator.Tensors("annotations"):
+        html = process_event(event.wall_time, event.step, make_ndarray(event.tensor_proto), True)
+        # the lines a reader sees: a browser folds a newline into a space, and a
+        # break, a paragraph or a list item ends a line
+        flat = re.sub(r"\s*\n\s*", " ", html["text"])
+        flat = re.sub(r"<br\s*/?>|</p>|</li>", "\n", flat)
+        text_seen = unescape(re.sub(r"<[^>]+>", "", flat))
+        shown.append([line.strip() for line in text_seen.splitlines()])
+    assert [[line for line in lines if line] for lines in shown] == [
+        [*text.splitlines(), "seconds: 0.5", "blocked: 0.01"],
+        ["done"],
+    ]

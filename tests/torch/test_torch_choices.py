@@ -170,7 +170,7 @@ def test_only_the_unrolled_stack_kernel_may_be_inlined() -> None:
 def test_trainer_records_every_site() -> None:
     plugins = get_plugins()
     trainer = (
-        plugins.available("sexpgpu_lowerings")[0]
+        next(info for info in plugins.available("sexpgpu_lowerings") if info.name == "torch")
         .factory()
         .lower(
             sites_program(),
@@ -238,7 +238,9 @@ def test_a_third_party_kernel_is_chosen_and_called(third_party) -> None:
     )
     plugins = get_plugins()
     assert plugins.record("myplug") is not None and plugins.record("myplug").available
-    lowering = plugins.available("sexpgpu_lowerings")[0].factory()
+    lowering = next(
+        i for i in plugins.available("sexpgpu_lowerings") if i.name == "torch"
+    ).factory()
     optimizers = {o.name: o for o in plugins.available("sexpgpu_optimizers")}
     batch = {"x": np.arange(12, dtype=np.float32).reshape(1, 3, 4) / 10}
     losses = {}
@@ -294,7 +296,9 @@ def test_inline_is_what_the_descriptor_says_not_which_function_it_is() -> None:
         return KernelInfo("stack", name, "torch", ("cpu",), True, lambda: counted, inline=inline)
 
     plugins = get_plugins()
-    lowering = plugins.available("sexpgpu_lowerings")[0].factory()
+    lowering = next(
+        i for i in plugins.available("sexpgpu_lowerings") if i.name == "torch"
+    ).factory()
     optimizers = {o.name: o for o in plugins.available("sexpgpu_optimizers")}
     kernels = builtin() + [stack("emitted", True), stack("called", False)]
     batch = {"x": np.linspace(-1, 1, 8, dtype=np.float32).reshape(2, 4)}

@@ -181,7 +181,9 @@ def test_trainer_steps_match_a_hand_written_torch_loop(name, options, clip) -> N
     """Through the whole trainer (forward, backward, clipping, update, commit)."""
     prog = _regression_program(name, options, clip, steps=6)
     infos = _infos()
-    lowering = get_plugins().available("sexpgpu_lowerings")[0].factory()
+    lowering = next(
+        i for i in get_plugins().available("sexpgpu_lowerings") if i.name == "torch"
+    ).factory()
     trainer = lowering.lower(
         prog,
         device="cpu",

@@ -16,6 +16,20 @@ from sexpgpu_cli.options import parse_sets
 @click.option("--variant", help="Take a variant's knob values.")
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N.")
 @click.option(
+    "--devices",
+    type=click.IntRange(min=1),
+    help="Train data-parallel on N devices of this machine (N workers through torch's "
+    "launcher; :batch is the global batch). Recorded; a resume needs the same count.",
+)
+@click.option(
+    "--max-restarts",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="With --devices: restart the group this many times when a worker dies "
+    "(with --resume latest, from the newest checkpoint).",
+)
+@click.option(
     "--metrics-dir",
     default="./sexpgpu-runs",
     envvar="SEXPGPU_METRICS_DIR",
@@ -49,6 +63,12 @@ from sexpgpu_cli.options import parse_sets
     "or choose again.",
 )
 @click.option(
+    "--lowering",
+    metavar="NAME",
+    help="The lowering by name, e.g. torch (eager) or compiled (torch.compile); default: "
+    "the device's (torch on cpu, compiled on cuda). Recorded, and pinned on resume.",
+)
+@click.option(
     "--threads",
     type=click.IntRange(min=1),
     help="The CPU's intra-op thread count (default: OMP_NUM_THREADS, else torch's, "
@@ -72,16 +92,26 @@ def run(
     steps: int | None,
     variant: str | None,
     device: str,
+    devices: int | None,
+    max_restarts: int,
     metrics_dir: str,
     metrics_sinks: tuple[str, ...],
     checkpoint_dir: str | None,
     resume: str | None,
     choices: str,
+    lowering: str | None,
     threads: int | None,
     keep_last: int | None,
     log_every: str,
 ) -> None:
     """Train FILE, checkpointing to --checkpoint-dir and resuming with --resume."""
+    from sexpgpu_cli.launch import Worker, in_worker, launch
+
+    worker = Worker(devices) if in_worker() else None
+    if worker is None and ((devices or 1) > 1 or max_restarts):
+        sys.exit(
+            launch(sys.argv[1:], devices=devices or 1, max_restarts=max_restarts, device=device)
+        )
     from sexpgpu.cpu_choices import pin_environment
 
     # First, before torch is imported: ATen and MKL read their settings when they start.
@@ -91,7 +121,7 @@ def run(
     from sexpgpu.run import RunOptions
     from sexpgpu.run import run as run_file
 
-    outcome = run_file(
+    outcome = (worker.run if worker is not None else run_file)(
         RunOptions(
             file=file,
             sets=parse_sets(sets),
@@ -103,12 +133,16 @@ def run(
             checkpoint_dir=checkpoint_dir or None,
             resume=resume or None,
             fresh_choices=choices == "fresh",
+            lowering=lowering or None,
             threads=threads,
             progress=True,
             keep_last=keep_last,
             log_every=log_every,
         )
     )
-    if outcome.message:
-        click.echo(f"sexpgpu run: {outcome.message}", err=True)
-    sys.exit(outcome.exit_code)
+    code, message = outcome.exit_code, outcome.message
+    if worker is not None:
+        code, message = worker.finish(code, message)
+    if message:
+        click.echo(f"sexpgpu run: {message}", err=True)
+    sys.exit(code)

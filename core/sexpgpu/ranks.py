@@ -1,0 +1,195 @@
+"""The ranks of a run: one process alone, or one of several a launcher started.
+
+A run asks :func:`join_group` for its group before it reads a checkpoint, since
+the device and node counts it records and compares (``E-DP-002``) are the
+group's. One process alone gets :data:`SOLO`, whose answers need no other
+process: a run on one device does exactly what it did before there were groups.
+Several ranks get the group a lowering's ``LoweringInfo.group`` joins (the torch
+plugin's is ``torch.distributed``); this module never imports one.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from sexpgpu.errors import PluginError, RunError, UsageError
+from sexpgpu.extension import RankGroup, Trainer
+from sexpgpu.graph import Program
+
+if TYPE_CHECKING:
+    from sexpgpu.signals import StopWatch
+
+__all__ = [
+    "SOLO",
+    "Solo",
+    "StopAgreement",
+    "Unwritten",
+    "check_batches",
+    "check_replicas",
+    "hand_over",
+    "join_group",
+    "launched_size",
+    "replica_digest",
+]
+
+E_BATCH = "E-DP-001"
+
+
+@dataclass(frozen=True)
+class Solo:
+    """The group of one process: rank 0 of 1 on 1 node, and every answer its own."""
+
+    device: str = "cpu"
+    rank: int = 0
+    size: int = 1
+    nodes: int = 1
+
+    @property
+    def is_writer(self) -> bool:
+        """Always: the one rank writes everything."""
+        return True
+
+    def max(self, value: int) -> int:
+        """``value`` itself."""
+        return value
+
+    def same(self, data: bytes) -> bool:
+        """Always: one rank agrees with itself."""
+        return True
+
+    def barrier(self) -> None:
+        """Nothing to wait for."""
+
+    def close(self) -> None:
+        """Nothing to leave."""
+
+
+SOLO = Solo()
+"""One process alone on the CPU."""
+
+
+def launched_size() -> int:
+    """How many ranks the launcher that started this process says there are
+    (``WORLD_SIZE``, which ``torchrun`` and ``sexpgpu run --devices`` set), 1 without one."""
+    try:
+        return max(1, int(os.environ.get("WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
+
+
+def join_group(device: str, lowerings: list) -> RankGroup:
+    """The group this process is a rank of, on ``device``: :class:`Solo` unless a
+    launcher started several ranks, then the group an available lowering serving
+    the device kind joins. Raises :class:`PluginError` when none can."""
+    if launched_size() == 1:
+        return Solo(device=device)
+    kind = device.split(":", 1)[0]
+    for info in lowerings:
+        join = getattr(info, "group", None)
+        if join is not None and kind in info.devices:
+            group = join(device)
+            if group is not None:
+                return group
+    raise PluginError(
+        f"the launcher started {launched_size()} ranks, and no installed lowering can "
+        f"train on several '{kind}' devices"
+    )
+
+
+def check_batches(program: Program, group: RankGroup) -> None:
+    """Refuse, before any step, a training batch the ranks cannot split evenly:
+    ``:batch`` is the global batch, and each rank takes ``batch / size`` of it."""
+    if group.size == 1:
+        return
+    for stage in program.stages:
+        decl = stage.data
+        if decl.batch % group.size:
+            raise UsageError(
+                f"{decl.pos}: {E_BATCH}: the batch of {decl.batch} records does not split "
+                f"evenly across {group.size} devices; make :batch a multiple of {group.size}"
+            )
+
+
+def hand_over(trainer: Trainer, group: RankGroup) -> None:
+    """Give the ranks to a trainer that can train as one of several (``use_group``);
+    a lowering whose trainer cannot is refused before any step."""
+    use = getattr(trainer, "use_group", None)
+    if use is None:
+        lowering = trainer.choices.get("lowering", "this lowering")
+        raise PluginError(f"the lowering {lowering} cannot train on several devices; run it on one")
+    use(group)
+
+
+def replica_digest(trainer: Trainer) -> bytes:
+    """The sha256 of every parameter and optimizer state the trainer holds, by name:
+    what the ranks compare to prove they hold the same model, to the byte."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for tensors in trainer.export():
+        for name in sorted(tensors):
+            digest.update(name.encode())
+            digest.update(tensors[name].tobytes())
+    return digest.digest()
+
+
+class Unwritten:
+    """The status file of a rank that does not write one (every rank but 0)."""
+
+    def update(self, **fields: object) -> bool:
+        """Nothing to write."""
+        return True
+
+    def progress(self, step: int, **fields: object) -> bool:
+        """Nothing to write."""
+        return True
+
+
+class StopAgreement:
+    """Whether the ranks stop at a step boundary, and on which signal.
+
+    One rank alone asks its watch. Several look together, with one small
+    all-reduce of the signal each has (0 for none), so every rank stops after the
+    same step, named by the largest number any rank got: SIGTERM (15) over
+    SIGINT (2) over SIGHUP (1). Every rank must ask at the same boundaries.
+    """
+
+    def __init__(self, group: RankGroup, watch: StopWatch) -> None:
+        self.group = group
+        self.watch = watch
+        self.agreed = 0
+
+    def stopping(self) -> bool:
+        """Whether to stop now (a collective with several ranks)."""
+        if self.group.size == 1:
+            return self.watch.stopping
+        local = 0
+        if self.watch.stopping:
+            local = self.watch.settle()[1]  # a SIGHUP waits for a SIGTERM sent with it
+        self.agreed = self.group.max(local)
+        return self.agreed > 0
+
+    def settle(self) -> tuple[str, int]:
+        """The stop's signal name and number, fixed from now on."""
+        if self.group.size == 1 or not self.agreed:
+            return self.watch.settle()
+        return signal.Signals(self.agreed).name, self.agreed
+
+    def pass_may_stop(self) -> bool:
+        """An eval pass stops at a signal on one rank; on several it finishes, since
+        the ranks look for a signal only together (the spec's rule)."""
+        return self.group.size == 1 and self.watch.stopping
+
+
+def check_replicas(group: RankGroup, trainer: Trainer, step: int) -> None:
+    """At the end, every rank must hold the same parameters and states, to the byte:
+    a rank that drifted is ``E-DP-003``, never a silent average of different models.
+    It is also where the other ranks wait for rank 0's last checkpoint to be stored."""
+    if group.size > 1 and not group.same(replica_digest(trainer)):
+        raise RunError(
+            f"the {group.size} ranks hold different parameters after step {step}",
+            code="E-DP-003",
+        )

@@ -1,0 +1,202 @@
+"""What the compiled lowering sets on the machine, records, and does with CUDA streams.
+
+- The switches: TF32 matmuls (``cuda.tf32``), the determinism switches of a
+  deterministic run, and torch's on-disk compile caches.
+- Which kernels can run on this GPU (flash attention needs sm80+ and bf16).
+- The cuDNN engine of the chosen convolution kernels.
+- :class:`PinnedSnapshots`: a checkpoint's device-to-host copy into reused, pinned
+  host buffers on a side stream.
+
+Every ``cuda.*`` choice is a CUDA choice: pinned on a CPU run it is ``E-CHOICE-001``.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from sexpgpu.errors import CheckpointError, PluginError
+from sexpgpu.extension import KernelInfo
+from sexpgpu.graph import Program
+from sexpgpu.kernels import device_kind
+
+TF32 = "cuda.tf32"
+"""Recorded ``on`` or ``off``: whether f32 matmuls and convolutions may round to TF32."""
+GPU = "cuda.device"
+"""Recorded: the GPU's name and compute capability (not refused elsewhere, only shown)."""
+CUDA_PREFIX = "cuda."
+
+_SWITCH_VALUES = {TF32: ("on", "off")}
+
+
+def _refused(name: str, value: str, why: str) -> CheckpointError:
+    return CheckpointError(
+        f"the recorded choice '{value}' for {name} cannot be taken here: {why} "
+        "(use --choices fresh to choose again)",
+        code="E-CHOICE-001",
+    )
+
+
+def prepare_caches() -> None:
+    """Turn on torch's on-disk caches of compiled graphs (inductor's FX graph cache and
+    AOTAutograd's), so a second start of a program on this machine reuses them.
+    Their folder is torch's: ``TORCHINDUCTOR_CACHE_DIR``."""
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+
+    inductor_config.fx_graph_cache = True
+    if hasattr(functorch_config, "enable_autograd_cache"):
+        functorch_config.enable_autograd_cache = True
+
+
+def take_switches(
+    program: Program, device: str, pinned: Mapping[str, str] | None
+) -> dict[str, str]:
+    """Set the machine's switches for ``program`` on ``device``; the choices to record.
+
+    On the CPU nothing is set and a pinned ``cuda.*`` choice is refused. On CUDA a
+    deterministic run sets torch's determinism switches (deterministic algorithms,
+    no cuDNN benchmarking, a fixed cuBLAS workspace, inductor's deterministic mode)
+    and TF32 is ``off`` unless pinned ``on``; a run that is not deterministic takes
+    TF32 ``on`` unless pinned ``off``.
+    """
+    pins = {k: str(v) for k, v in (pinned or {}).items() if k.startswith(CUDA_PREFIX)}
+    if device_kind(device) != "cuda":
+        for name, value in sorted(pins.items()):
+            raise _refused(name, value, f"a CUDA choice on {device_kind(device)}")
+        return {}
+    if not torch.cuda.is_available():
+        raise PluginError(f"--device {device}: torch sees no CUDA device here")
+    for name, value in pins.items():
+        allowed = _SWITCH_VALUES.get(name)
+        if allowed is not None and value not in allowed:
+            raise _refused(name, value, f"it is none of {', '.join(allowed)}")
+    deterministic = program.run.deterministic
+    if deterministic:
+        set_determinism()
+    tf32 = pins.get(TF32, "off" if deterministic else "on")
+    torch.backends.cuda.matmul.allow_tf32 = tf32 == "on"
+    torch.backends.cudnn.allow_tf32 = tf32 == "on"
+    where = torch.device(device)
+    major, minor = torch.cuda.get_device_capability(where)
+    return {TF32: tf32, GPU: f"{torch.cuda.get_device_name(where)} sm{major}{minor}"}
+
+
+def set_determinism() -> None:
+    """Torch's determinism switches, before any CUDA work: only deterministic
+    algorithms (an op without one fails instead of running), cuDNN without
+    benchmarking, the cuBLAS workspace that makes it deterministic, and inductor's
+    deterministic mode where this torch has it."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    # warn_only=False: flash attention's backward takes its deterministic path only so
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = True
+    import torch._inductor.config as inductor_config
+
+    if hasattr(inductor_config, "deterministic"):
+        inductor_config.deterministic = True
+
+
+# Why a kernel cannot run on this GPU for this program; None when it can.
+def _flash_unfit(program: Program, capability: tuple[int, int]) -> str | None:
+    if capability < (8, 0):
+        return "it needs sm80 or newer"
+    if program.run.precision != "bf16":
+        return "it needs :precision bf16"
+    return None
+
+
+def _cudnn_attention_unfit(program: Program, capability: tuple[int, int]) -> str | None:
+    if capability < (8, 0) or not torch.backends.cudnn.is_available():
+        return "it needs cuDNN on sm80 or newer"
+    return _flash_unfit(program, capability)
+
+
+_UNFIT = {("attention", "flash"): _flash_unfit, ("attention", "cudnn"): _cudnn_attention_unfit}
+
+
+def runnable(kernels: Sequence[KernelInfo], program: Program, device: str) -> list[KernelInfo]:
+    """``kernels`` less those this GPU cannot run for ``program`` (a pinned one of
+    them is then ``E-CHOICE-001``, by the core's rule). All of them on the CPU, where
+    the CUDA ones do not fit anyway."""
+    if device_kind(device) != "cuda":
+        return list(kernels)
+    capability = torch.cuda.get_device_capability(torch.device(device))
+    return [
+        k
+        for k in kernels
+        if (check := _UNFIT.get((k.kind, k.name))) is None or check(program, capability) is None
+    ]
+
+
+def take_conv_engine(chosen: Mapping[str, KernelInfo], device: str) -> None:
+    """Set cuDNN's algorithm selection for the chosen convolution kernels (process-wide:
+    benchmarking when any chose ``cudnn-benchmark``)."""
+    if device_kind(device) != "cuda":
+        return
+    engines = {k.name for k in chosen.values() if k.kind == "conv2d"}
+    if "cudnn-benchmark" in engines:
+        torch.backends.cudnn.benchmark = True
+        torch.backends.cudnn.deterministic = False
+    elif "cudnn" in engines:
+        torch.backends.cudnn.benchmark = False
+        torch.backends.cudnn.deterministic = True
+
+
+class PinnedSnapshots:
+    """Device-to-host copies of a checkpoint into pinned host memory on a side stream.
+
+    The host arrays are the trainer's export buffers, reused checkpoint after
+    checkpoint; the first time one is seen its memory is page-locked in place
+    (``cudaHostRegister``), so the copy runs at pinned speed without a second host
+    buffer, and unlocked when the buffer is freed. The copy waits for the work that
+    produced the tensors, runs on its own stream, and is complete on return: the
+    loop is blocked for the copy only, and the core writes the buffers in the
+    background.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.stream = torch.cuda.Stream(device)
+        self.registered: dict[int, Any] = {}
+
+    def _pin(self, array: np.ndarray) -> None:
+        root = array
+        while isinstance(root.base, np.ndarray):
+            root = root.base
+        address = root.ctypes.data
+        if address in self.registered or root.nbytes == 0:
+            return
+        cudart = torch.cuda.cudart()
+        if int(cudart.cudaHostRegister(address, root.nbytes, 0)) != 0:
+            return  # left pageable: slower, still correct
+        self.registered[address] = weakref.finalize(root, _unregister, self.registered, address)
+
+    def copy(self, arrays: Mapping[str, np.ndarray], tensors: Mapping[str, torch.Tensor]) -> None:
+        """Copy every tensor into its array; returns when all of them are on the host."""
+        if not tensors:
+            return
+        self._pin(next(iter(arrays.values())))
+        producer = torch.cuda.current_stream(self.device)
+        self.stream.wait_stream(producer)
+        with torch.cuda.stream(self.stream):
+            for name, t in tensors.items():
+                source = t.detach()
+                if source.dtype != torch.float32 and source.is_floating_point():
+                    source = source.float()  # bf16 is stored as f32
+                torch.from_numpy(arrays[name]).copy_(source, non_blocking=True)
+                t.record_stream(self.stream)
+        done = torch.cuda.Event()
+        done.record(self.stream)
+        done.synchronize()
+
+
+def _unregister(registered: dict[int, Any], address: int) -> None:
+    registered.pop(address, None)
+    torch.cuda.cudart().cudaHostUnregister(address)

@@ -1,0 +1,85 @@
+"""The compiled lowering's own kernels, each following its kind's call contract in the
+core (:data:`sexpgpu.extension.KERNEL_CALLS`).
+
+The attention kernels are SDPA restricted to one backend, so the recorded name says
+which kernel ran (the eager ``sdpa`` kernel lets torch pick per call). The
+convolution engines are cuDNN's; which algorithms it may take is process-wide state
+(``torch.backends.cudnn``), set by the lowering from the chosen engine
+(:func:`sexpgpu_cuda.device.take_conv_engine`), so the kernels themselves only call
+the convolution.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.checkpoint import checkpoint
+
+from sexpgpu.extension import AttentionKernel, Conv2dKernel, StackBody, StackKernel
+from sexpgpu_torch.kernels import conv2d_direct
+from sexpgpu_torch.lowering import Slots
+
+Tensor = torch.Tensor
+
+
+def _split(x: Tensor, heads: int) -> Tensor:
+    b, t, d = x.shape
+    return x.reshape(b, t, heads, d // heads).transpose(1, 2)
+
+
+def _merge(x: Tensor) -> Tensor:
+    b, h, t, hd = x.shape
+    return x.transpose(1, 2).reshape(b, t, h * hd)
+
+
+def _sdpa(backend: SDPBackend) -> AttentionKernel:
+    def attention(q: Tensor, k: Tensor, v: Tensor, *, heads: int, causal: bool) -> Tensor:
+        with sdpa_kernel(backend):
+            out = F.scaled_dot_product_attention(
+                _split(q, heads), _split(k, heads), _split(v, heads), is_causal=causal
+            )
+        return _merge(out)
+
+    attention.__doc__ = f"Attention through SDPA with only the {backend.name} backend."
+    return attention
+
+
+attention_flash = _sdpa(SDPBackend.FLASH_ATTENTION)
+attention_cudnn = _sdpa(SDPBackend.CUDNN_ATTENTION)
+attention_efficient = _sdpa(SDPBackend.EFFICIENT_ATTENTION)
+attention_sdpa_math = _sdpa(SDPBackend.MATH)
+
+conv2d_cudnn: Conv2dKernel = conv2d_direct
+conv2d_cudnn_benchmark: Conv2dKernel = conv2d_direct
+
+
+# A repeat's body writes the iteration it runs (dropout reads it), a side effect
+# torch's checkpoint operator cannot trace: the compiled lowering runs the graphs of
+# a program that recomputes eagerly (docs/cuda.md).
+def stack_recompute(
+    body: StackBody, carry: Tensor, per_iteration_slots: Sequence[Sequence[Tensor]]
+) -> Tensor:
+    """Each iteration under activation checkpointing: its activations are dropped after
+    the forward pass and computed again in the backward pass (memory for compute).
+    Dropout draws the same masks both times (they derive from the step and iteration)."""
+    for slots in per_iteration_slots:
+        iteration = getattr(slots, "iteration", 0)
+
+        def one(c: Tensor, *tensors: Tensor, iteration: int = iteration) -> Tensor:
+            return body(c, Slots(tensors, iteration))
+
+        carry = checkpoint(one, carry, *slots, use_reentrant=False)
+    return carry
+
+
+# Through these a type checker holds each kernel to its kind's contract.
+_ATTENTION: tuple[AttentionKernel, ...] = (
+    attention_flash,
+    attention_cudnn,
+    attention_efficient,
+    attention_sdpa_math,
+)
+_STACK: tuple[StackKernel, ...] = (stack_recompute,)

@@ -1,0 +1,133 @@
+"""The built-in optimizers' updates as one compiled graph each.
+
+The eager updates (:mod:`sexpgpu_torch.optim`) hand their per-step numbers (the
+learning rate, Adam's bias corrections) to ``torch._foreach_*`` ops as Python
+scalars, which a trace can only bake in: every step would compile again. Here the
+same numbers are computed on the host as the eager update computes them and enter
+the graph as 0-d tensors, so one graph serves every step of a run and every resume
+of it; the options (betas, decay) are constants of the graph. The arithmetic is
+the eager update's, term by term, written per tensor so inductor fuses each
+parameter's update into one kernel. An optimizer this module does not know (a
+plugin's) runs its own update, uncompiled.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from sexpgpu_torch import optim as eager
+
+Tensor = torch.Tensor
+
+
+def _host(value: float) -> Tensor:
+    # computed in double on the host, then f32 as the eager foreach kernels take a
+    # Python scalar; a 0-d CPU tensor, which a CUDA graph reads as a kernel argument
+    return torch.tensor(eager._scalar(value), dtype=torch.float32)
+
+
+def _back(new: Tensor, like: Tensor) -> Tensor:
+    return new if new.dtype == like.dtype else new.to(like.dtype)
+
+
+def _sgd_graph(options: Mapping[str, Any], decay: Sequence[bool]) -> Callable[..., Any]:
+    momentum = float(options.get("momentum", 0.0))
+    wd = float(options.get("weight_decay", 0.0))
+    nesterov = bool(options.get("nesterov", False))
+
+    def update(params, grads, states, neg_lr):  # noqa: ANN001
+        new_params, bufs = [], []
+        for i, (p, g) in enumerate(zip(params, grads, strict=True)):
+            p32, g = p.float(), g.float()
+            if wd:
+                g = g + p32 * wd
+            if momentum > 0:
+                buf = states["momentum"][i] * momentum + g
+                bufs.append(buf)
+                g = g + buf * momentum if nesterov else buf
+            new_params.append(_back(p32 + g * neg_lr, p))
+        return new_params, ({"momentum": bufs} if momentum > 0 else {})
+
+    return update
+
+
+def _sgd_scalars(lr: float, count: int, options: Mapping[str, Any]) -> tuple[Tensor, ...]:
+    return (_host(-lr),)
+
+
+def _adam_graph(decoupled: bool) -> Callable[..., Callable[..., Any]]:
+    def graph(options: Mapping[str, Any], decay: Sequence[bool]) -> Callable[..., Any]:
+        beta1 = float(options.get("beta1", 0.9))
+        beta2 = float(options.get("beta2", 0.999))
+        eps = float(options.get("eps", 1e-8))
+        wd = float(options.get("weight_decay", 0.0))
+
+        def update(params, grads, states, neg_step, bias2_root, shrink):  # noqa: ANN001
+            new_params, ms, vs = [], [], []
+            for i, (p, g) in enumerate(zip(params, grads, strict=True)):
+                p32, g = p.float(), g.float()
+                if wd and not decoupled:
+                    g = g + p32 * wd
+                m = torch.lerp(states["m"][i], g, 1 - beta1)
+                v = states["v"][i] * beta2 + g * g * (1 - beta2)
+                denom = v.sqrt() / bias2_root + eps
+                base = p32 * shrink if (wd and decoupled and decay[i]) else p32
+                new_params.append(_back(base + (m / denom) * neg_step, p))
+                ms.append(m)
+                vs.append(v)
+            return new_params, {"m": ms, "v": vs}
+
+        return update
+
+    return graph
+
+
+def _adam_scalars(lr: float, count: int, options: Mapping[str, Any]) -> tuple[Tensor, ...]:
+    beta1 = float(options.get("beta1", 0.9))
+    beta2 = float(options.get("beta2", 0.999))
+    wd = float(options.get("weight_decay", 0.0))
+    step_size = lr / (1 - beta1**count)
+    return _host(-step_size), _host(math.sqrt(1 - beta2**count)), _host(1 - lr * wd)
+
+
+_COMPILED: dict[type, tuple[Callable[..., Callable[..., Any]], Callable[..., tuple]]] = {
+    eager.SGD: (_sgd_graph, _sgd_scalars),
+    eager.Adam: (_adam_graph(False), _adam_scalars),
+    eager.AdamW: (_adam_graph(True), _adam_scalars),
+}
+"""Each built-in update: (its graph for given options and decay flags, its host scalars)."""
+
+
+class CompiledUpdate:
+    """An :class:`sexpgpu.extension.OptimizerUpdate` whose ``propose`` is one compiled
+    graph per options and decay flags (one per stage, in practice)."""
+
+    def __init__(self, update: Any, backend: str) -> None:
+        self.update = update
+        self.backend = backend
+        self.known = _COMPILED.get(type(update))
+        self._graphs: dict[tuple, Callable[..., Any]] = {}
+
+    def init_states(self, params: Sequence[Tensor], options: Mapping[str, Any]) -> dict:
+        """The eager update's fresh states."""
+        return self.update.init_states(params, options)
+
+    def propose(self, params, grads, states, *, lr, count, options, decay):  # noqa: ANN001
+        """New parameters and states through the compiled graph (an unknown update:
+        its own ``propose``)."""
+        if self.known is None:
+            return self.update.propose(
+                params, grads, states, lr=lr, count=count, options=options, decay=decay
+            )
+        graph_of, scalars_of = self.known
+        key = (tuple(sorted((k, repr(v)) for k, v in options.items() if k != "lr")), tuple(decay))
+        graph = self._graphs.get(key)
+        if graph is None:
+            graph = torch.compile(graph_of(options, decay), backend=self.backend, dynamic=False)
+            self._graphs[key] = graph
+        lists = {name: list(values) for name, values in states.items()}
+        return graph(list(params), list(grads), lists, *scalars_of(lr, count, options))

@@ -1,0 +1,151 @@
+"""A run's events as the curves and marks a report draws.
+
+A resumed run appends to the same ``events.jsonl``, and the steps it ran again
+after its last checkpoint are reported twice: the later point of a name at a
+step is the one of the run that went on, so each name is one curve. An event
+delivered twice (at least once delivery) is counted once, by its ``id``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Mark", "RunSeries", "read_events", "series_of"]
+
+# How an annotation's first line is told apart: the kind of mark it is.
+MARK_KINDS = (
+    ("checkpoint ", "checkpoint"),
+    ("resumed from ", "resumed"),
+    ("interrupted by ", "interrupted"),
+    ("failed: ", "failed"),
+)
+TRAIN_CURVES = ("loss", "lr")
+THROUGHPUT_COUNTERS = ("tokens", "records")
+
+
+@dataclass(frozen=True)
+class Mark:
+    """An annotation on the step axis: its ``kind`` (``checkpoint``, ``resumed``,
+    ``interrupted``, ``failed``, ``done`` or ``note``) and its whole text."""
+
+    step: int
+    kind: str
+    text: str
+    time: float
+
+
+@dataclass
+class RunSeries:
+    """Everything a report draws of one run."""
+
+    curves: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    """Training points by name (``loss``, ``lr``, ``tokens``), one value per step, by step."""
+    evals: dict[str, dict[str, list[tuple[int, float]]]] = field(default_factory=dict)
+    """Eval metric (``probe/accuracy``) -> source (``run`` or ``evaluate``) -> points by step."""
+    throughput: tuple[str, list[tuple[int, float]]] | None = None
+    """(``tokens/s`` or ``records/s``, points): the counter's rate between two reports
+    of one process (a resume's gap is not counted)."""
+    marks: list[Mark] = field(default_factory=list)
+    events: int = 0
+
+
+def read_events(path: str | Path) -> Iterator[dict[str, Any]]:
+    """The events of an ``events.jsonl``, skipping a torn or foreign line."""
+    try:
+        f = open(path, "rb")
+    except FileNotFoundError:
+        return
+    with f:
+        for raw in f:
+            try:
+                event = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(event, dict) and "kind" in event:
+                yield event
+
+
+def _value(event: Mapping[str, Any]) -> float | None:
+    try:
+        return float(event["value"])  # also reads "NaN" and "Infinity"
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def _mark(event: Mapping[str, Any]) -> Mark:
+    text = str(event.get("text", "done" if event.get("kind") == "done" else ""))
+    kind = "done" if event.get("kind") == "done" else "note"
+    for prefix, name in MARK_KINDS:
+        if text.startswith(prefix):
+            kind = name
+            break
+    return Mark(int(event.get("step", 0)), kind, text, float(event.get("time", 0.0)))
+
+
+def _rate(points: list[tuple[int, float, float, int]], window: int = 10) -> list[tuple[int, float]]:
+    """Counter (step, value, time, segment) -> its rate per second over the last
+    ``window`` reports of one segment (one process: a resume starts a new one), so
+    one slow step does not make the curve a comb."""
+    rates = []
+    first = 0  # the index where the current segment starts
+    for index, (step, value, when, segment) in enumerate(points):
+        if segment != points[first][3] or step <= points[index - 1][0]:
+            first = index
+        back = points[max(first, index - window)]
+        seconds = when - back[2]
+        if index > first and seconds > 0 and math.isfinite(value - back[1]):
+            rates.append((step, (value - back[1]) / seconds))
+    return rates
+
+
+def series_of(events: Iterable[Mapping[str, Any]]) -> RunSeries:
+    """The curves, eval points and marks of a run's events (see the module's doc)."""
+    out = RunSeries()
+    seen: set[str] = set()
+    train: dict[str, dict[int, float]] = {}
+    evals: dict[str, dict[str, dict[int, float]]] = {}
+    counters: dict[str, list[tuple[int, float, float, int]]] = {}
+    segment = 0
+    for event in events:
+        ident = event.get("id")
+        if isinstance(ident, str):
+            if ident in seen:
+                continue
+            seen.add(ident)
+        out.events += 1
+        kind = event.get("kind")
+        if kind in ("annotation", "done"):
+            mark = _mark(event)
+            out.marks.append(mark)
+            segment += mark.kind == "resumed"
+            continue
+        if kind != "point":
+            continue
+        name, value, step = str(event.get("name", "")), _value(event), int(event.get("step", 0))
+        if value is None:
+            continue
+        if "/" in name:
+            source = "evaluate" if event.get("source") == "evaluate" else "run"
+            evals.setdefault(name, {}).setdefault(source, {})[step] = value
+            continue
+        train.setdefault(name, {})[step] = value  # a later point of a step wins
+        if name in THROUGHPUT_COUNTERS:
+            counters.setdefault(name, []).append(
+                (step, value, float(event.get("time", 0)), segment)
+            )
+    out.curves = {name: sorted(points.items()) for name, points in train.items()}
+    out.evals = {
+        name: {source: sorted(points.items()) for source, points in sorted(by_source.items())}
+        for name, by_source in sorted(evals.items())
+    }
+    for counter in THROUGHPUT_COUNTERS:
+        if counter in counters:
+            # a step run again after a resume: the rate of the run that went on
+            out.throughput = (f"{counter}/s", sorted(dict(_rate(counters[counter])).items()))
+            break
+    return out

@@ -1,0 +1,190 @@
+"""The torch lowering's group of ranks: ``torch.distributed``, gloo on the CPU, NCCL on CUDA.
+
+A worker that a launcher started (``sexpgpu run --devices N``, ``torchrun``)
+finds its place in the launcher's environment (``RANK``, ``WORLD_SIZE``,
+``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``GROUP_WORLD_SIZE``, ``MASTER_ADDR``,
+``MASTER_PORT``) and joins the process group from it. The group answers the
+run loop's questions (:class:`sexpgpu.extension.RankGroup`) with one small
+all-reduce each, and averages a step's gradients for the trainer
+(:meth:`TorchGroup.average`): one all-reduce per dtype over the gradients
+flattened into one buffer, with the loss riding along.
+
+Every collective has a timeout (``SEXPGPU_DP_TIMEOUT`` seconds, 300 by
+default), so a rank whose peer stopped answering fails instead of waiting for
+ever; a peer that died outright closes its sockets and is noticed at once. Either
+way the rank raises ``E-DP-003`` with one line.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+
+from sexpgpu.errors import RunError
+from sexpgpu.log import get_logger
+
+__all__ = ["TorchGroup", "join"]
+
+E_GROUP = "E-DP-003"
+DEFAULT_TIMEOUT_S = 300.0
+_T = TypeVar("_T")
+
+
+def _env_int(name: str, default: int) -> int:
+    try:
+        return int(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+def join(device: str) -> TorchGroup | None:
+    """The group this process is a rank of (``LoweringInfo.group``), or ``None``
+    when no launcher started several ranks."""
+    if _env_int("WORLD_SIZE", 1) <= 1:
+        return None
+    return TorchGroup(device)
+
+
+class TorchGroup:
+    """One rank of a ``torch.distributed`` process group (a :class:`RankGroup`)."""
+
+    def __init__(self, device: str) -> None:
+        self.rank = _env_int("RANK", 0)
+        self.size = _env_int("WORLD_SIZE", 1)
+        self.local_rank = _env_int("LOCAL_RANK", 0)
+        local_size = max(1, _env_int("LOCAL_WORLD_SIZE", self.size))
+        # torchrun and the elastic agent say how many agents (machines) there are;
+        # without it, the ranks per machine tell.
+        self.nodes = _env_int("GROUP_WORLD_SIZE", max(1, self.size // local_size))
+        kind = device.split(":", 1)[0]
+        if kind == "cuda":
+            # one device per rank on its machine, whatever index the command named
+            self.device = f"cuda:{self.local_rank}"
+            torch.cuda.set_device(self.local_rank)
+            backend = "nccl"
+        else:
+            self.device = device
+            backend = "gloo"
+        self._tensor_device = torch.device(self.device)
+        seconds = float(os.environ.get("SEXPGPU_DP_TIMEOUT", DEFAULT_TIMEOUT_S))
+        self.log = get_logger("sexpgpu.ranks")
+        timeout = timedelta(seconds=seconds)
+        self._call(
+            "joining",
+            lambda: dist.init_process_group(
+                backend=backend,
+                store=self._store(timeout),
+                rank=self.rank,
+                world_size=self.size,
+                timeout=timeout,
+            ),
+        )
+        self.log.debug("joined", rank=self.rank, size=self.size, nodes=self.nodes, backend=backend)
+
+    def _store(self, timeout: timedelta) -> Any:
+        """The store the ranks meet in. The elastic agent lends its own, one server for
+        every restart of the group, where the last attempt's addresses are still
+        written: each attempt gets keys of its own, or a restarted group would try
+        to reach ranks that are gone. ``None``: torch's own ``env://``."""
+        if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+            return None
+        shared = dist.TCPStore(
+            os.environ["MASTER_ADDR"],
+            int(os.environ["MASTER_PORT"]),
+            self.size,
+            is_master=False,
+            timeout=timeout,
+        )
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        return dist.PrefixStore(f"sexpgpu/attempt-{attempt}/", shared)
+
+    @property
+    def is_writer(self) -> bool:
+        """Rank 0 writes checkpoints, metrics and the status file."""
+        return self.rank == 0
+
+    def _call(self, what: str, fn: Callable[[], _T]) -> _T:
+        try:
+            return fn()
+        except Exception as error:  # gloo and NCCL raise RuntimeError and their own kinds
+            detail = (str(error).strip().splitlines() or [type(error).__name__])[0]
+            # "[.../pair.cc:537] Read error [127.0.0.1]:41369: Connection reset by peer. This
+            # is typically caused by...": the first sentence, without the source path
+            detail = re.sub(r"^\[[^\]]*\]\s*", "", detail).split(". ")[0]
+            raise RunError(
+                f"rank {self.rank} of {self.size} lost the group while {what}: another rank "
+                f"stopped or cannot be reached ({detail})",
+                code=E_GROUP,
+            ) from None
+
+    def _reduce(self, what: str, tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM) -> None:
+        self._call(what, lambda: dist.all_reduce(tensor, op=op))
+
+    def max(self, value: int) -> int:
+        """The largest of every rank's ``value``."""
+        flag = torch.tensor([int(value)], dtype=torch.int64, device=self._tensor_device)
+        self._reduce("agreeing", flag, dist.ReduceOp.MAX)
+        return int(flag.item())
+
+    def same(self, data: bytes) -> bool:
+        """Whether every rank passed the same bytes: their smallest and largest agree."""
+        values = torch.tensor(list(data), dtype=torch.int64, device=self._tensor_device)
+        low, high = values.clone(), values.clone()
+        self._reduce("comparing", low, dist.ReduceOp.MIN)
+        self._reduce("comparing", high, dist.ReduceOp.MAX)
+        return bool(torch.equal(low, high))
+
+    def barrier(self) -> None:
+        """Wait for every rank (an all-reduce: one path for gloo and NCCL)."""
+        self.max(0)
+
+    def average(self, grads: list[torch.Tensor], loss: torch.Tensor) -> torch.Tensor:
+        """Replace each gradient by its mean over the ranks, in place, and return the
+        mean loss. One all-reduce per dtype over a flat buffer: sums land in the same
+        order on every rank, so every rank gets the same bits."""
+        by_dtype: dict[torch.dtype, list[int]] = {}
+        for index, grad in enumerate(grads):
+            by_dtype.setdefault(grad.dtype, []).append(index)
+        loss_dtype = loss.dtype
+        by_dtype.setdefault(loss_dtype, [])
+        mean_loss = loss
+        for dtype, indices in by_dtype.items():
+            parts: Sequence[torch.Tensor] = [grads[i].reshape(-1) for i in indices]
+            if dtype == loss_dtype:
+                parts = [*parts, loss.detach().reshape(1)]
+            flat = torch.cat(list(parts))
+            if dtype not in (torch.float32, torch.float64):
+                # bf16 and f16 are summed in f32 (gloo has no bf16 sum), then cast back
+                wide = flat.float()
+                self._reduce("averaging gradients", wide)
+                flat = wide.div_(self.size).to(dtype)
+            else:
+                self._reduce("averaging gradients", flat)
+                flat.div_(self.size)
+            offset = 0
+            for i in indices:
+                count = grads[i].numel()
+                grads[i] = flat[offset : offset + count].view_as(grads[i])
+                offset += count
+            if dtype == loss_dtype:
+                mean_loss = flat[offset].reshape(loss.shape)
+        return mean_loss
+
+    def shard(self, rows: int) -> slice:
+        """This rank's part of ``rows`` records (the caller checked they split evenly)."""
+        share = rows // self.size
+        return slice(self.rank * share, (self.rank + 1) * share)
+
+    def close(self) -> None:
+        """Leave the process group (errors ignored: the run's outcome is decided)."""
+        if dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception as error:  # a peer already gone: nothing left to leave
+                self.log.debug("leaving the group failed", error=str(error))

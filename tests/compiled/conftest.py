@@ -1,0 +1,28 @@
+"""Fixtures of the compiled lowering's tests.
+
+torch.compile costs tens of seconds per program on a small CPU, so every test here
+shares one folder of torch's compile caches (``TORCHINDUCTOR_CACHE_DIR``, which
+holds inductor's FX graph cache and AOTAutograd's): a program compiled once in the
+session is read back from there by every later process. The compiling itself runs
+in `sexpgpu` subprocesses only (its worker threads would outlive a test).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.helpers import sexpgpu_env
+
+
+@pytest.fixture(scope="session")
+def compile_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The session's one folder of torch compile caches."""
+    return tmp_path_factory.mktemp("torch-compile-cache")
+
+
+@pytest.fixture(scope="session")
+def compiled_env(compile_cache: Path) -> dict[str, str]:
+    """The environment of a `sexpgpu` subprocess that compiles into the session's caches."""
+    return sexpgpu_env(TORCHINDUCTOR_CACHE_DIR=str(compile_cache))

@@ -1,0 +1,89 @@
+"""Which lowering a run takes, as units (no torch): by name, pinned by a checkpoint,
+or the device kind's default; and what two lowerings conflict on."""
+
+from __future__ import annotations
+
+import pytest
+
+from sexpgpu.errors import CheckpointError, PluginError
+from sexpgpu.extension import LoweringInfo
+from sexpgpu.kernels import choose_lowering, with_lowering
+from sexpgpu.plugin_supplies import defaults_of, describe, find_conflicts
+
+HOOK = "sexpgpu_lowerings"
+
+
+def _lowering(name: str, devices: tuple[str, ...], default_for=None) -> LoweringInfo:
+    return LoweringInfo(name, devices, lambda: None, default_for=default_for)
+
+
+EAGER = _lowering("torch", ("cpu", "cuda"), ("cpu",))
+COMPILED = _lowering("compiled", ("cuda", "cpu"), ("cuda",))
+BUILT_IN = [EAGER, COMPILED]
+
+
+def test_the_built_ins_serve_both_kinds_without_a_conflict() -> None:
+    claims = [(EAGER, "torch", "sexpgpu 0.1"), (COMPILED, "cuda", "sexpgpu 0.1")]
+    assert find_conflicts(HOOK, claims) == []
+    assert describe(HOOK, COMPILED)["default_for"] == ["cuda"]
+
+
+def test_two_defaults_for_one_kind_conflict_and_a_lowering_without_default_for_claims_all() -> None:
+    other = _lowering("mine", ("cpu",))  # a third party's, as written before default_for
+    assert defaults_of(other) == ("cpu",)
+    claims = [(EAGER, "torch", "sexpgpu 0.1"), (other, "mine", "mine 1.0")]
+    (conflict,) = find_conflicts(HOOK, claims)
+    assert conflict.what == "lowering for 'cpu' devices"
+    assert (
+        "E-PLUGIN-001" in conflict.message()
+        and "SEXPGPU_DISABLE_PLUGINS=mine" in conflict.message()
+    )
+    # serving a kind without being its default is no claim on it
+    polite = _lowering("mine", ("cpu",), default_for=())
+    assert find_conflicts(HOOK, [(EAGER, "torch", "sexpgpu 0.1"), (polite, "mine", "m 1")]) == []
+
+
+@pytest.mark.parametrize(
+    ("device", "requested", "pinned", "taken"),
+    [
+        ("cpu", None, None, None),  # the kind's default, found by the plugin machinery
+        ("cpu", "compiled", None, "compiled"),
+        ("cuda:1", "torch", None, "torch"),
+        ("cpu", None, {"lowering": "compiled"}, "compiled"),
+        ("cpu", "compiled", {"lowering": "compiled", "cpu.threads": "2"}, "compiled"),
+    ],
+)
+def test_the_lowering_taken(device, requested, pinned, taken) -> None:
+    chosen = choose_lowering(BUILT_IN, device=device, requested=requested, pinned=pinned)
+    assert (chosen.name if chosen else None) == taken
+
+
+def test_another_lowering_than_the_recorded_one_is_e_choice_001() -> None:
+    with pytest.raises(CheckpointError) as caught:
+        choose_lowering(BUILT_IN, device="cpu", requested="compiled", pinned={"lowering": "torch"})
+    assert caught.value.code == "E-CHOICE-001"
+    assert caught.value.message == (
+        "the recorded choice 'torch' for lowering cannot be taken with --lowering compiled "
+        "(use --choices fresh to choose again)"
+    )
+
+
+def test_a_recorded_lowering_not_installed_here_is_e_choice_001() -> None:
+    with pytest.raises(CheckpointError) as caught:
+        choose_lowering([EAGER], device="cpu", requested=None, pinned={"lowering": "compiled"})
+    assert caught.value.code == "E-CHOICE-001"
+    assert "'compiled' for lowering" in caught.value.message
+    assert "no such lowering is installed" in caught.value.message
+
+
+def test_an_unknown_or_unfit_requested_lowering_is_a_plugin_error() -> None:
+    with pytest.raises(PluginError, match="--lowering compild: no installed plugin"):
+        choose_lowering(BUILT_IN, device="cpu", requested="compild", pinned=None)
+    cuda_only = _lowering("graphs", ("cuda",))
+    with pytest.raises(PluginError, match="does not run on cpu"):
+        choose_lowering([cuda_only], device="cpu", requested="graphs", pinned=None)
+
+
+def test_an_old_checkpoint_ran_on_the_eager_lowering() -> None:
+    assert with_lowering({"cpu.threads": "2"}) == {"lowering": "torch", "cpu.threads": "2"}
+    assert with_lowering({"lowering": "compiled"}) == {"lowering": "compiled"}
