@@ -95,6 +95,13 @@ class Trainer(Protocol):
     rank's part of the global batch and averages the gradients across the ranks
     (the loss it reports is the mean over the ranks). It is optional, and outside
     this protocol, so that a lowering for one device still satisfies it.
+
+    Two more optional attributes: ``compile_seconds`` (a lowering that compiles
+    its graphs before the first step says how long it took; ``run started``
+    logs it), and ``reads_loss_late`` (true when reading a proposal's ``loss``
+    waits for the device: the run then reads each step's loss once the next
+    step is queued, or before anything else is said of that step, so a step's
+    metrics cost no host sync and the events keep their order).
     """
 
     choices: Mapping[str, str]

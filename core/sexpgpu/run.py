@@ -27,14 +27,9 @@ from sexpgpu.errors import (
     UsageError,
 )
 from sexpgpu.extension import (
-    DataLoader,
-    DataSourceInfo,
-    Evaluator,
-    OptimizerInfo,
     RankGroup,
-    Trainer,
 )
-from sexpgpu.graph import DataDecl, Program
+from sexpgpu.graph import Program
 from sexpgpu.kernels import with_lowering
 from sexpgpu.log import get_logger
 from sexpgpu.plugins import get_plugins
@@ -50,6 +45,7 @@ from sexpgpu.ranks import (
 from sexpgpu.reporting import DEFAULT_LOG_EVERY, LogEvery, Reporter
 from sexpgpu.schedule import lr_at
 from sexpgpu.signals import StopWatch, interruption, process_watch
+from sexpgpu.supplied import eval_runner, lower_program, open_data, optimizers_available
 
 DEFAULT_METRICS_DIR = "./sexpgpu-runs"
 
@@ -122,64 +118,6 @@ def run(options: RunOptions) -> RunOutcome:
             watch.uninstall()
 
 
-def lower_program(
-    program: Program,
-    *,
-    device: str = "cpu",
-    pinned: Mapping[str, str] | None = None,
-    lowering: str | None = None,
-) -> Trainer:
-    """Lower ``program`` for ``device`` as a run does: the lowering named by
-    ``lowering`` or by the pinned choice, else the device kind's default; every
-    available kernel and optimizer, ``pinned`` choices taken. The lowering's name
-    is recorded in the trainer's ``choices`` (``lowering``)."""
-    from sexpgpu.kernels import LOWERING_CHOICE, choose_lowering
-    from sexpgpu.plugin_supplies import defaults_of
-
-    kind = device.split(":", 1)[0]
-    plugins = get_plugins()
-    lowerings = plugins.available("sexpgpu_lowerings")
-    info = choose_lowering(lowerings, device=device, requested=lowering, pinned=pinned)
-    if info is None:
-        # the kind's default; with none available, the one lowering that serves it
-        defaulted = any(kind in defaults_of(item) for item in lowerings)
-        info = plugins.require(
-            "sexpgpu_lowerings",
-            f"the device '{device}'",
-            lambda item: kind in (defaults_of(item) if defaulted else item.devices),
-        )
-    trainer = info.factory().lower(
-        program,
-        device=device,
-        kernels=plugins.available("sexpgpu_kernels"),
-        optimizers=_optimizers(),
-        pinned=pinned,
-    )
-    trainer.choices[LOWERING_CHOICE] = info.name  # type: ignore[index]
-    return trainer
-
-
-def open_data(decl: DataDecl, seed: int) -> tuple[DataSourceInfo, DataLoader]:
-    """The data source a ``defdata`` names, and a loader opened on it from ``seed``."""
-    info = get_plugins().require(
-        "sexpgpu_data_sources", f"the data source '{decl.source}'", lambda i: i.name == decl.source
-    )
-    return info, info.factory(decl.options, decl.seq, decl.batch, seed)
-
-
-def eval_runner() -> Evaluator:
-    """The eval-pass runner an available plugin supplies, given every available eval
-    metric: what a run calls at a pass's steps, and ``sexpgpu evaluate`` too."""
-    plugins = get_plugins()
-    info = plugins.require("sexpgpu_evaluators", "eval passes (:evals)", lambda item: True)
-    metrics = {metric.name: metric for metric in plugins.available("sexpgpu_eval_metrics")}
-    return info.factory(metrics)
-
-
-def _optimizers() -> dict[str, OptimizerInfo]:
-    return {info.name: info for info in get_plugins().available("sexpgpu_optimizers")}
-
-
 def state_names_for(
     program: Program, stage: int, optimizers: Mapping[str, Any]
 ) -> dict[str, tuple[str, ...]]:
@@ -217,9 +155,6 @@ class Run:
     def set_up(self, options: RunOptions, watch: StopWatch) -> None:
         """Compile, check the checkpoint location, read the checkpoint to resume,
         lower and open data and metrics. Raises a SexpError for anything wrong."""
-        from sexpgpu import checkpoint as ckpt
-        from sexpgpu.lang import compile_file
-
         self.options = options
         self.watch = watch
         self.every = LogEvery.parse(options.log_every)
@@ -227,31 +162,10 @@ class Run:
         self.group = join_group(options.device, get_plugins().available("sexpgpu_lowerings"))
         self.stops = StopAgreement(self.group, watch)
         self._open_location(options)
-        self.log.info("compiling", file=options.file)
-        program = compile_file(
-            options.file, sets=dict(options.sets), variant=options.variant, steps=options.steps
-        )
-        self.program = program
-        # :load files: headers checked before anything is lowered or written; their
-        # identities (a local file's sha256) are read meanwhile, the tensors once lowered.
-        from sexpgpu.loading import Loads
+        program = self.program = self._compile(options)
+        resumed = self.resumed = self._read_resume(options, program)
 
-        self.loads = Loads.of(program)
-        self.loads.check()
-        self.loads.prefetch_identities()
-
-        resumed = None
-        if options.resume:
-            found = ckpt.resolve_resume(options.resume, options.checkpoint_dir)
-            if found is not None:
-                source_storage, key = found
-                resumed = ckpt.load_for_resume(
-                    source_storage, key, program, latest=options.resume.strip() == "latest"
-                )
-                self.resumed_from = ckpt.location_of(source_storage, key)
-        self.resumed = resumed
-
-        self.optimizers = _optimizers()
+        self.optimizers = optimizers_available()
         state = resumed.state if resumed else None
         self._take_state(state or {})
         self.devices, self.nodes = self.group.size, self.group.nodes
@@ -260,18 +174,7 @@ class Run:
         moved: list[str] = []
         pinned = pins_for(None, fresh=False, threads=options.threads)
         if resumed:
-            moved = ckpt.compare_for_resume(
-                resumed.experiment,
-                program,
-                devices=self.devices,
-                nodes=self.nodes,
-                state_names=state_names_for(program, self.stage, self.optimizers),
-            )
-            pinned = pins_for(
-                with_lowering(resumed.experiment.get("choices", {})),
-                fresh=options.fresh_choices,
-                threads=options.threads,
-            )
+            moved, pinned = self._compare_resumed(resumed)
             if self.step >= program.steps and not self.evals_pending:
                 # A finished run started again changes nothing: no event, no status write.
                 self.already_finished = (
@@ -285,22 +188,7 @@ class Run:
         )
         if self.group.size > 1:
             hand_over(self.trainer, self.group)
-        if resumed:
-            self.trainer.restore(resumed.params, resumed.states, stage=self.stage)
-            # A checkpoint names its frozen :load parameters: read from their files again,
-            # which must be the bytes the checkpoint's run read (E-LOAD-001).
-            frozen = [p.path for p in program.params if p.load is not None and not p.trainable]
-            self.trainer.set_params(self.loads.read(frozen))
-            self.loaded = self.loads.identities()
-            moved += ckpt.compare_loads(resumed.experiment, self.loaded)
-            old_choices = with_lowering(resumed.experiment.get("choices", {}))
-            for site, name in sorted(self.trainer.choices.items()):
-                if old_choices.get(site, name) != name:
-                    moved.append(f"choice {site} {old_choices[site]} -> {name}")
-        else:
-            self.trainer.init_params()
-            self.trainer.set_params(self.loads.read())
-            self.loaded = self.loads.identities()
+        moved += self._set_tensors(resumed)
 
         # Data: one loader per stage, opened when the stage starts.
         self.loader = None
@@ -316,6 +204,80 @@ class Run:
         watch.interrupt_if_stopping()  # a signal whose exception was swallowed on the way
         watch.loop_started()
         self._open_outputs(resumed, moved)
+
+    def _compile(self, options: RunOptions) -> Program:
+        """The program, with its :load files' headers checked before anything is
+        lowered or written; their identities (a local file's sha256) are read
+        meanwhile, the tensors once lowered."""
+        from sexpgpu.lang import compile_file
+        from sexpgpu.loading import Loads
+
+        self.log.info("compiling", file=options.file)
+        program = compile_file(
+            options.file, sets=dict(options.sets), variant=options.variant, steps=options.steps
+        )
+        self.loads = Loads.of(program)
+        self.loads.check()
+        self.loads.prefetch_identities()
+        return program
+
+    def _read_resume(self, options: RunOptions, program: Program) -> Any:
+        """The checkpoint ``--resume`` names, read and verified; ``None`` to start fresh."""
+        from sexpgpu import checkpoint as ckpt
+
+        if not options.resume:
+            return None
+        found = ckpt.resolve_resume(options.resume, options.checkpoint_dir)
+        if found is None:
+            return None
+        source_storage, key = found
+        resumed = ckpt.load_for_resume(
+            source_storage, key, program, latest=options.resume.strip() == "latest"
+        )
+        self.resumed_from = ckpt.location_of(source_storage, key)
+        return resumed
+
+    def _compare_resumed(self, resumed: Any) -> tuple[list[str], dict[str, str]]:
+        """What moved since the checkpoint (refusing what may not), and the pins it sets."""
+        from sexpgpu import checkpoint as ckpt
+
+        moved = ckpt.compare_for_resume(
+            resumed.experiment,
+            self.program,
+            devices=self.devices,
+            nodes=self.nodes,
+            state_names=state_names_for(self.program, self.stage, self.optimizers),
+        )
+        pinned = pins_for(
+            with_lowering(resumed.experiment.get("choices", {})),
+            fresh=self.options.fresh_choices,
+            threads=self.options.threads,
+        )
+        return moved, pinned
+
+    def _set_tensors(self, resumed: Any) -> list[str]:
+        """Fill the lowered trainer: the checkpoint's tensors on a resume (returning
+        the :load files and choices that moved), else fresh ones and the :load files."""
+        from sexpgpu import checkpoint as ckpt
+
+        if not resumed:
+            self.trainer.init_params()
+            self.trainer.set_params(self.loads.read())
+            self.loaded = self.loads.identities()
+            return []
+        self.trainer.restore(resumed.params, resumed.states, stage=self.stage)
+        # A checkpoint names its frozen :load parameters: read from their files again,
+        # which must be the bytes the checkpoint's run read (E-LOAD-001).
+        program = self.program
+        frozen = [p.path for p in program.params if p.load is not None and not p.trainable]
+        self.trainer.set_params(self.loads.read(frozen))
+        self.loaded = self.loads.identities()
+        moved = ckpt.compare_loads(resumed.experiment, self.loaded)
+        old_choices = with_lowering(resumed.experiment.get("choices", {}))
+        for site, name in sorted(self.trainer.choices.items()):
+            if old_choices.get(site, name) != name:
+                moved.append(f"choice {site} {old_choices[site]} -> {name}")
+        return moved
 
     def _open_location(self, options: RunOptions) -> None:
         """Open the checkpoint location, or warn once that nothing will be saved."""
@@ -350,7 +312,7 @@ class Run:
         the same experiment."""
         from sexpgpu.checkpointer import Checkpointer
         from sexpgpu.metrics import MetricsStream, new_slug, open_sinks
-        from sexpgpu.status import StatusFile
+        from sexpgpu.status import StatusFile, run_identity
 
         options, program = self.options, self.program
         self.slug = resumed.experiment["slug"] if resumed else new_slug(_stem(options.file))
@@ -379,7 +341,7 @@ class Run:
             step=self.step,
             checkpoint=resumed_from,
             slug=self.slug,
-            **_status_identity(options, program, self.trainer),
+            **run_identity(options.file, program, self.trainer.choices),
         )
         self.checkpointer = None
         if self.storage is not None:
@@ -443,6 +405,12 @@ class Run:
             terminal=self.options.progress,
             tokens=self.counters.get("tokens"),
         )
+        # A lowering whose loss stays on its device until read (CUDA) has it read one
+        # step late, once the next step is queued, so a step costs no host sync for
+        # its metrics; anything said of a step (a pass, a checkpoint, a stop, an end)
+        # reports that step's loss first, so the events keep their order.
+        self.loss_late = bool(getattr(self.trainer, "reads_loss_late", False))
+        self.unreported: tuple[int, Any, float] | None = None
         try:
             # the eval plugin is asked before the first step, so a conflict or a missing
             # plugin never surfaces hours in, at the first pass
@@ -461,12 +429,15 @@ class Run:
                     program.stages[stage].optimizer, step_in_stage, program.stages[stage].steps
                 )
                 proposal = self.trainer.propose(batch, stage=stage, step=step, lr=lr)
+                self._report_unreported()  # the step before: this one is queued behind it
                 if program.run.guard_finite:
                     self._guard(proposal)
                 self.trainer.commit(proposal)
                 self.step, self.stage = step, stage
                 self._count(batch)
-                self._report_step(step, float(proposal.loss), lr)
+                self.unreported = (step, proposal, lr)
+                if not self.loss_late:
+                    self._report_unreported()
                 self._maybe_evaluate(step)
                 # A last step whose pass a signal stopped is no finished run: the
                 # pass stays pending in its checkpoint and the resume runs it.
@@ -482,6 +453,7 @@ class Run:
                 # a resume that ran the last step's pending pass: its checkpoint again,
                 # finished and owing nothing (a step already written is not written again)
                 self._checkpoint(finished=True)
+            self._report_unreported()
             self._wait_for_checkpoint()
             # every rank holds the same bytes (E-DP-003), and waits here for rank 0's checkpoint
             check_replicas(self.group, self.trainer, self.step)
@@ -489,6 +461,7 @@ class Run:
             self._finish("finished")
             return RunOutcome(0, None, self.step)
         except SexpError as error:
+            self._report_unreported(failing=True)
             line = error.render()
             # An error in a step is named by that step; a checkpoint write that
             # failed names its own step.
@@ -496,6 +469,7 @@ class Run:
                 line = f"step {self.step + 1}: {line}"
             return self._failed(line, error)
         except Exception as error:  # a bug or an op failing at run time: one line, traceback kept
+            self._report_unreported(failing=True)
             self.reporter.close()
             line = f"{type(error).__name__}: {error}".splitlines()[0]
             with open(os.path.join(self.run_dir, "traceback.txt"), "w") as f:
@@ -520,6 +494,21 @@ class Run:
             raise RunError(
                 f"the {what} has {count} values that are not finite; nothing was committed"
             )
+
+    def _report_unreported(self, *, failing: bool = False) -> None:
+        """Report the step whose loss was left on the device (see ``train``). As a run
+        fails, the device may be what failed: its loss is then left out."""
+        if self.unreported is None:
+            return
+        step, proposal, lr = self.unreported
+        self.unreported = None
+        try:
+            loss = float(proposal.loss)
+        except Exception:
+            if not failing:
+                raise
+            return
+        self._report_step(step, loss, lr)
 
     def _report_step(self, step: int, loss: float, lr: float) -> None:
         self.metrics.point(step, "loss", loss)
@@ -546,6 +535,7 @@ class Run:
     def _evaluate(self, step: int, names: list[str]) -> None:
         """Ask the eval plugin to run the named passes, as storage is asked to write;
         one a signal stops reports nothing and stays in ``evals_pending``."""
+        self._report_unreported()
         self.evals_pending = list(names)
         assert self.evaluator is not None  # train() asked for it: the program has passes
         for eval_pass in [p for p in self.program.evals if p.name in names]:
@@ -568,6 +558,8 @@ class Run:
     def _checkpoint(self, *, finished: bool) -> None:
         """Checkpoint the current step (written and reported in the background)."""
         from sexpgpu import checkpoint as ckpt
+
+        self._report_unreported()
 
         def state() -> dict[str, Any]:
             return ckpt.state_record(
@@ -603,6 +595,7 @@ class Run:
 
     def _interrupted(self) -> RunOutcome:
         # The spec's order: the stop is named and reported, then its checkpoint written.
+        self._report_unreported()
         name, signum = self.stops.settle()
         self.metrics.annotation(self.step, f"interrupted by {name} at step {self.step}")
         if self.checkpointer is not None and self.step > 0:
@@ -646,28 +639,6 @@ class Run:
             summary["undelivered_by_sink"] = dict(self.metrics.undelivered_by_sink)
         self.watch.ended()  # from `run <state>` on, no signal changes the outcome
         self.reporter.summary(state, self.step, **summary)
-
-
-def _status_identity(options: RunOptions, program: Program, trainer: Trainer) -> dict[str, Any]:
-    """What the status file says about the run itself: `sexpgpu runs` lists it, a
-    sink (mlflow) names and describes the run with it, and ``pid``/``host`` tell a
-    reader whether a ``running`` run still has its process."""
-    import socket
-    import time
-
-    from sexpgpu.checkpoint.records import jsonable
-
-    return {
-        "run": program.run.name,
-        "file": options.file,
-        "steps": program.steps,
-        "variant": program.variant or "-",
-        "knobs": {k.name: jsonable(k.value) for k in program.knobs},
-        "choices": {site: str(choice) for site, choice in sorted(trainer.choices.items())},
-        "pid": os.getpid(),
-        "host": socket.gethostname(),
-        "started": time.time(),
-    }
 
 
 def _compile_time(trainer: Any) -> dict[str, float]:

@@ -15,10 +15,11 @@ import json
 import os
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["STATES", "StatusFile", "read_status", "status_path"]
+__all__ = ["STATES", "StatusFile", "read_status", "run_identity", "status_path"]
 
 STATES = ("running", "interrupted", "finished", "failed")
 """The values of ``state``."""
@@ -147,3 +148,25 @@ class StatusFile:
         self._dirty = False
         self._warned = False
         return True
+
+
+def run_identity(file: str, program: Any, choices: Mapping[str, Any]) -> dict[str, Any]:
+    """What the status file says about the run itself, for ``program`` (a compiled
+    :class:`sexpgpu.graph.Program`) from ``file``: `sexpgpu runs` lists it, a sink
+    (mlflow) names and describes the run with it, and ``pid``/``host`` tell a reader
+    whether a ``running`` run still has its process."""
+    import socket
+
+    from sexpgpu.checkpoint.records import jsonable
+
+    return {
+        "run": program.run.name,
+        "file": file,
+        "steps": program.steps,
+        "variant": program.variant or "-",
+        "knobs": {k.name: jsonable(k.value) for k in program.knobs},
+        "choices": {site: str(choice) for site, choice in sorted(choices.items())},
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "started": time.time(),
+    }

@@ -104,6 +104,8 @@ class CompiledTrainer(TorchTrainer):
         ]
         self.evals = {name: (decl, compile_graph(run)) for name, (decl, run) in self.evals.items()}
         self.compile_seconds = 0.0
+        # On CUDA a loss read waits for the device: the run reads it a step late.
+        self.reads_loss_late = True
         self.snapshots = device_snapshots(self.device)
 
     def _with_masks(self, stage: int, compiled: Callable[[], Any]) -> Callable[[], Any]:

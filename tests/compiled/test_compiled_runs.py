@@ -148,6 +148,23 @@ def test_a_compiled_run_trains_as_the_eager_one_within_float_tolerance(runs):
     assert probe[6] == pytest.approx(eager_probe[6], rel=1e-4)
 
 
+def _order(metrics: Path) -> list[tuple]:
+    # Points only: a checkpoint's annotation comes when its background write is
+    # stored, at no fixed place among them.
+    (run_dir,) = experiments(metrics)
+    return [(e["kind"], e["name"], e["step"]) for e in events(run_dir) if e["kind"] == "point"]
+
+
+def test_losses_read_a_step_late_keep_the_eager_runs_order_of_events(runs):
+    # The compiled trainer reads each loss once the next step is queued; every
+    # pass, checkpoint and the end report the step's loss first.
+    folder, _ = runs
+    order = _order(folder / "metrics-full")
+    assert order == _order(folder / "metrics-eager")
+    losses = [step for kind, name, step in order if (kind, name) == ("point", "loss")]
+    assert losses == [1, 2, 3, 4, 5, 6]
+
+
 def test_a_resume_is_bit_exact_to_the_uninterrupted_compiled_run(runs):
     folder, _ = runs
     resumed, uninterrupted = _tensors(folder / "part" / SIX), _tensors(folder / "full" / SIX)
