@@ -146,9 +146,9 @@ class Run:
     def __init__(self) -> None:
         self.log = get_logger("sexpgpu.run")
         self.already_finished: str | None = None
+        """Set when the checkpoint resumed from is past the last step: nothing to do."""
         self.group: RankGroup = SOLO
         """This process's ranks: :data:`~sexpgpu.ranks.SOLO` unless a launcher started several."""
-        """Set when the checkpoint resumed from is past the last step: nothing to do."""
 
     # ------------------------------------------------------------------ setup
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from sexpgpu.extension import KernelInfo, LoweringInfo, module_missing
 from sexpgpu.hookspecs import hookimpl
+from sexpgpu_torch import join_group
 
 LOWERING = "compiled"
 """The lowering's name: ``--lowering compiled``, ``KernelInfo.lowering`` of its kernels,
@@ -27,13 +28,6 @@ def _lowering_factory() -> Any:
     from sexpgpu_cuda.trainer import CompiledLowering
 
     return CompiledLowering()
-
-
-def _join_group(device: str) -> Any:
-    # the ranks of a data-parallel run are torch.distributed's, as for the eager lowering
-    from sexpgpu_torch.distributed import join
-
-    return join(device)
 
 
 @hookimpl
@@ -50,7 +44,7 @@ def sexpgpu_lowerings() -> list[LoweringInfo]:
             name=LOWERING,
             devices=("cuda", "cpu"),
             factory=_lowering_factory,
-            group=_join_group,
+            group=join_group,  # the ranks are torch.distributed's, as eager's are
             doc="torch.compile (inductor) of every graph: loss and backward, update, eval",
             default_for=("cuda",),
         )

@@ -23,7 +23,9 @@ def _lowering_factory() -> Any:
     return TorchLowering()
 
 
-def _join_group(device: str) -> Any:
+def join_group(device: str) -> Any:
+    """``LoweringInfo.group`` of a lowering whose trainer is this plugin's (or built on
+    it): the ranks torch.distributed joins from the launcher's environment."""
     from sexpgpu_torch.distributed import join
 
     return join(device)
@@ -43,7 +45,7 @@ def sexpgpu_lowerings() -> list[LoweringInfo]:
             name=LOWERING,
             devices=("cpu", "cuda"),
             factory=_lowering_factory,
-            group=_join_group,
+            group=join_group,
             doc="PyTorch eager execution of a compiled program (CPU, CUDA)",
             # the reference on the CPU; on CUDA the compiled lowering is the default
             default_for=("cpu",),
