@@ -166,19 +166,12 @@ class CompiledTrainer(TorchTrainer):
         tensor), with the step's loss downloaded in the same transfer as the flag: a
         guarded step costs one host sync, not two. The offender is looked for (by the
         eager trainer) only when the flag is up."""
-        tensors = [*proposal.params, *(t for values in proposal.states.values() for t in values)]
-        if not tensors:
+        found = self.non_finite_flag(proposal)
+        if found is None:
             return None
-        found = torch.zeros(1, dtype=torch.float32, device=self.device)
-        one = torch.ones(1, dtype=torch.float32, device=self.device)
-        by_dtype: dict[torch.dtype, list[Tensor]] = {}
-        for t in tensors:
-            by_dtype.setdefault(t.dtype, []).append(t)
-        for group in by_dtype.values():
-            torch._amp_foreach_non_finite_check_and_unscale_(group, found, one)
         loss = proposal.loss_tensor.detach().float().reshape(1)
         flag, proposal._loss = torch.cat([found, loss]).tolist()
-        return None if not flag else super().find_non_finite(proposal)
+        return self.first_non_finite(proposal) if flag else None
 
     def copy_to_host(self, arrays: Mapping[str, np.ndarray], tensors: Mapping[str, Tensor]) -> None:
         """On CUDA, into pinned host buffers on a side stream (``machine.PinnedSnapshots``):

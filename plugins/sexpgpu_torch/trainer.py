@@ -298,6 +298,15 @@ class TorchTrainer:
     def find_non_finite(self, proposal: Proposal) -> tuple[str, str, int] | None:
         """One fused check over every proposed tensor, one host sync; the first offender
         (in parameter order, each parameter before its states) only when it trips."""
+        found = self.non_finite_flag(proposal)
+        if found is None or not float(found):
+            return None
+        return self.first_non_finite(proposal)
+
+    def non_finite_flag(self, proposal: Proposal) -> Tensor | None:
+        """A one-element device tensor, non-zero when a proposed tensor holds a value
+        that is not finite (one kernel per dtype, no host sync); ``None`` when the
+        proposal holds no tensor."""
         tensors = list(proposal.params)
         for values in proposal.states.values():
             tensors.extend(values)
@@ -311,8 +320,10 @@ class TorchTrainer:
         for group in by_dtype.values():
             # Multiplies by 1.0 in place (a bitwise no-op) and raises `found`.
             torch._amp_foreach_non_finite_check_and_unscale_(group, found, one)
-        if not float(found):
-            return None
+        return found
+
+    def first_non_finite(self, proposal: Proposal) -> tuple[str, str, int] | None:
+        """The first proposed tensor with values that are not finite, and how many."""
         names = list(proposal.states)
         for i, path in enumerate(self.trainable):
             candidates = [("parameter", path, proposal.params[i])]
