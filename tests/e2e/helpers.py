@@ -137,6 +137,17 @@ def keep_file(workdir: Path, keep: str = "", every: int = 2) -> str:
     return "keep.sx"
 
 
+def reference_run(workdir: Path, source: str, steps: int) -> Path:
+    """Run ``source`` uninterrupted for ``steps`` into ``workdir/ref``, the checkpoints
+    an interrupted run of it must end byte-identical to; returns that folder."""
+    result = run_sexpgpu(
+        "run", source, "--steps", str(steps), "--checkpoint-dir", "ref", "--metrics-dir", "m0",
+        cwd=workdir,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return workdir / "ref"
+
+
 def deleting(by_step: dict[int, set[str]]) -> bool:
     """Whether a deletion is part way, from each step folder's file names: a folder
     older than the newest complete one that has lost experiment.json and still holds files."""

@@ -22,6 +22,7 @@ from .helpers import (
     events,
     experiments,
     keep_file,
+    reference_run,
     run_sexpgpu,
     sexpgpu_env,
     start_sexpgpu,
@@ -225,18 +226,7 @@ def assert_complete_ones_whole(root: Path) -> None:
 def test_kill_9_during_deletions_leaves_resume_latest_working(workdir, tmp_path):
     plugins = slow_plugin(tmp_path)
     source = keep_file(workdir, "2", every=1)
-    reference = run_sexpgpu(
-        "run",
-        source,
-        "--steps",
-        str(STEPS),
-        "--checkpoint-dir",
-        "ref",
-        "--metrics-dir",
-        "m0",
-        cwd=workdir,
-    )
-    assert reference.returncode == 0, reference.stderr
+    reference = reference_run(workdir, source, STEPS)
     env = sexpgpu_env(PYTHONPATH=str(plugins), SLOW_DELETE_SECONDS="0.04")
     root = workdir / "ckpt"
     args = ["run", source, "--steps", str(STEPS), "--checkpoint-dir", f"slow://{root}"]
@@ -268,4 +258,4 @@ def test_kill_9_during_deletions_leaves_resume_latest_working(workdir, tmp_path)
         STEPS - 1,
         STEPS,
     ]
-    assert_same_tensors(workdir / "ref" / last, root / last)
+    assert_same_tensors(reference / last, root / last)

@@ -10,7 +10,14 @@ import time
 
 import pytest
 
-from tests.e2e.helpers import deleting, keep_file, run_sexpgpu, start_sexpgpu, tensors
+from tests.e2e.helpers import (
+    deleting,
+    keep_file,
+    reference_run,
+    run_sexpgpu,
+    start_sexpgpu,
+    tensors,
+)
 from tests.e2e_storage.buckets import CHECKPOINT_FILES, Bucket
 from tests.servers import unique_prefix
 
@@ -31,18 +38,7 @@ def folders(bucket: Bucket, prefix: str) -> dict[int, set[str]]:
 
 def test_keep_last_and_kill_9_during_deletions(bucket: Bucket, workdir):
     source = keep_file(workdir, every=1)
-    reference = run_sexpgpu(
-        "run",
-        source,
-        "--steps",
-        str(STEPS),
-        "--checkpoint-dir",
-        "ref",
-        "--metrics-dir",
-        "m0",
-        cwd=workdir,
-    )
-    assert reference.returncode == 0, reference.stderr
+    reference = reference_run(workdir, source, STEPS)
     prefix = unique_prefix()
     args = ["run", source, "--steps", str(STEPS), "--checkpoint-dir", bucket.uri(prefix)]
     args += ["--resume", "latest", "--keep-last", "2", "--metrics-dir", "m"]
@@ -71,4 +67,4 @@ def test_keep_last_and_kill_9_during_deletions(bucket: Bucket, workdir):
     complete = sorted(n for n, f in folders(bucket, prefix).items() if "experiment.json" in f)
     assert complete == [STEPS - 1, STEPS]
     last = f"step-{STEPS:08d}"
-    assert bucket.tensors(f"{prefix}/{last}") == tensors(workdir / "ref" / last)
+    assert bucket.tensors(f"{prefix}/{last}") == tensors(reference / last)
