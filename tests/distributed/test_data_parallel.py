@@ -24,6 +24,9 @@ from tests.e2e.helpers import (
     events,
     experiments,
     run_sexpgpu,
+    sexpgpu_env,
+    slow_writes_plugin,
+    start_sexpgpu,
     status,
     step_dirs,
     wait_for_step,
@@ -37,6 +40,7 @@ from .kit import (
     interrupted_lines,
     launch,
     project,
+    run_args,
     start,
     torchrun,
     wait_until,
@@ -154,16 +158,29 @@ def test_a_signal_stops_every_rank_after_the_same_step(reference, tmp_path, name
 
 @pytest.mark.slow
 def test_a_second_sigterm_ends_the_launcher_and_every_worker_at_once(tmp_path):
-    root = project(tmp_path)
-    proc = start(root, "--devices", "2", steps=STEPS * 100)
+    # The stop's checkpoint takes minutes to write, so only the second SIGTERM can
+    # end the run within the bound: the orderly stop never finishes.
+    root = project(tmp_path / "run")
+    env = sexpgpu_env(PYTHONPATH=str(slow_writes_plugin(tmp_path)), SLOW_WRITE_SECONDS="300")
+    target = f"slowwrite://{root / 'ckpt'}"
+    args = run_args("--devices", "2", "--checkpoint-dir", target, steps=STEPS * 100)
+    proc = start_sexpgpu(*args, cwd=root, env=env)
     wait_for_step(root / "m", 3, proc)
     workers = [worker_pid(proc, rank) for rank in range(2)]
     proc.send_signal(signal.SIGTERM)
+    (run_dir,) = experiments(root / "m")
+    # the first stop is under way (reported before its checkpoint is written)
+    assert wait_until(
+        lambda: "interrupted by SIGTERM" in run_dir.joinpath("events.jsonl").read_text()
+    )
     proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=60)
+    out, err = proc.communicate(timeout=120)
     assert proc.returncode == 143, err
     for pid in workers:
         assert wait_until(lambda pid=pid: ended(pid)), f"worker {pid} still runs"
+    assert status(run_dir)["state"] == "running"  # the orderly stop's end never came
+    written = root / "ckpt"
+    assert not written.exists() or not list(written.glob("step-*/experiment.json"))
 
 
 @pytest.mark.slow

@@ -156,3 +156,53 @@ def deleting(by_step: dict[int, set[str]]) -> bool:
         n < max(complete) and "experiment.json" not in files and files
         for n, files in by_step.items()
     )
+
+
+SLOW_WRITES = '''
+"""slowwrite://PATH: a local folder whose checkpoint files take long to write."""
+
+import os
+import time
+
+from sexpgpu.extension import StorageBackendInfo
+from sexpgpu.hookspecs import hookimpl
+from sexpgpu.storage import open_location
+
+
+class SlowWrites:
+    def __init__(self, uri):
+        self.inner = open_location(uri.removeprefix("slowwrite://"))
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def write_many(self, items):
+        if any(key.startswith("step-") for key in items):
+            time.sleep(float(os.environ["SLOW_WRITE_SECONDS"]))
+        self.inner.write_many(items)
+
+    def write(self, key, data):
+        if key.startswith("step-"):
+            time.sleep(float(os.environ["SLOW_WRITE_SECONDS"]))
+        self.inner.write(key, data)
+
+
+@hookimpl
+def sexpgpu_storage_backends():
+    return [StorageBackendInfo(schemes=("slowwrite",), factory=SlowWrites, doc="slow writes")]
+'''
+
+
+def slow_writes_plugin(tmp_path: Path) -> Path:
+    """A throwaway plugin supplying ``slowwrite://PATH``, a local folder whose
+    checkpoint files each take ``$SLOW_WRITE_SECONDS`` to write: a stop's
+    checkpoint then lasts as long as a test needs. Put the returned folder on
+    ``PYTHONPATH``."""
+    from tests.foundation.pluginkit import make_plugin
+
+    return make_plugin(
+        tmp_path / "slow-writes-plugin",
+        "sexpgpu-slow-writes",
+        {"slow_writes": SLOW_WRITES},
+        {"slowwrite": "slow_writes"},
+    )
