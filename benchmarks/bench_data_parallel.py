@@ -1,25 +1,37 @@
 """Data parallel on the CPU: tokens per second of 2 gloo ranks against 1, and the checkpoint stall.
 
-Runs ``examples/tiny-lm.sx --set dim=256 --set layers=4`` (large enough that the
-step's compute outweighs the gradient all-reduce) through ``sexpgpu run``, once
-on one rank with one thread and once with ``--devices 2`` (two ranks, one thread
-each), alternating, ``--repeats`` times. Throughput comes from the run's own
-metrics: the global ``tokens`` counter over the wall time between the
-``--skip``-th step and the last, so start-up (imports, rendezvous, compiling)
-is left out. The stall is each checkpoint annotation's ``blocked`` (the time the
-step loop waited for the host copy; with several ranks, rank 0's wait is every
-rank's, since the next all-reduce waits for it). Prints the median, fastest and
-slowest of each and the ratio of the medians (goal: >= 1.7 on two free cores).
+Two workloads, both ``examples/tiny-lm.sx --set dim=256 --set layers=4``
+(3.17M parameters): the example's own global batch of 32 records (512 tokens a
+step), and the same model with a global batch of 256 (4096 tokens a step), a
+copy of the file in a temporary folder with only ``:batch`` changed. Each is
+trained through ``sexpgpu run``, once on one rank with one thread and once with
+``--devices 2`` (two ranks, one thread each), alternating, ``--repeats`` times.
+Throughput comes from the run's own metrics: the global ``tokens`` counter over
+the wall time between the ``--skip``-th step and the last, so start-up
+(imports, rendezvous) is left out. The stall is each checkpoint annotation's
+``blocked`` (the time the step loop waited for the host copy; with several
+ranks, rank 0's wait is every rank's, since the next all-reduce waits for it).
+Prints the median, fastest and slowest of each and the ratio of the medians
+(goal: >= 1.7).
 
-On a machine other work keeps busy the ratio says more about that work than
-about the ranks, so the all-reduce of one step's gradients (the model's size in
-f32) is timed too, between two gloo ranks through ``torchrun``, with one step of
-the model on the whole batch and on half of it, in this process on one thread;
-``full / (half + all-reduce)`` is what two free cores would give, printed beside
-the measured ratio. (Each rank still runs the whole optimizer update: a fixed
-cost the ranks do not share.)
+Two more figures say what bounds the ratio on this machine:
 
-    python benchmarks/bench_data_parallel.py [--steps 40] [--repeats 3]
+- the **ceiling**: one process stepping the whole batch (forward, backward,
+  optimizer update; no group, no communication) against two independent
+  processes each stepping half of it at the same time. Their ratio is the most
+  any data parallel could give here: two cores share one memory system, and a
+  small step is mostly element-wise passes over memory, which do not get twice
+  as fast with two cores (matrix products do);
+- the **all-reduce** of one step's gradients (the model's size in f32) between
+  two gloo ranks through ``torchrun``.
+
+Take the figures with nothing else running: a loaded machine says more about
+its other work than about the ranks.
+
+    python benchmarks/bench_data_parallel.py [--repeats 3] [--workload example|large|both]
+
+Measured on an idle 2-core machine (docs/run.md, "Speed"): 1.71x at batch 256
+(ceiling 1.96x), 1.36x at batch 32 (ceiling 1.60x).
 """
 
 from __future__ import annotations
@@ -31,16 +43,36 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PROGRAM = ROOT / "examples" / "tiny-lm.sx"
+MODEL = ["--set", "dim=256", "--set", "layers=4"]
+EXAMPLE_BATCH = ":batch 32"
+
+# name: (global batch, steps, warm-up steps left out, checkpoint every)
+WORKLOADS = {"example": (32, 40, 5, 10), "large": (256, 16, 3, 5)}
 
 
-def one_run(folder: Path, devices: int, steps: int, every: int, skip: int) -> tuple[float, list]:
+def program_with_batch(folder: Path, batch: int) -> Path:
+    """tiny-lm.sx as it is, or a copy in ``folder`` whose global batch is ``batch``."""
+    source = PROGRAM.read_text()
+    if f":batch {batch}" == EXAMPLE_BATCH:
+        return PROGRAM
+    if source.count(EXAMPLE_BATCH) != 1:
+        raise SystemExit(f"{PROGRAM} no longer says {EXAMPLE_BATCH!r} once; update this benchmark")
+    path = folder / f"tiny-lm-batch{batch}.sx"
+    path.write_text(source.replace(EXAMPLE_BATCH, f":batch {batch}"))
+    return path
+
+
+def one_run(
+    program: Path, folder: Path, devices: int, steps: int, every: int, skip: int
+) -> tuple[float, list]:
     """Tokens per second after ``skip`` steps, and every checkpoint's ``blocked`` seconds."""
-    args = [sys.executable, "-m", "sexpgpu_cli", "run", str(PROGRAM)]
-    args += ["--set", "dim=256", "--set", "layers=4", "--set", f"checkpoint-every={every}"]
+    args = [sys.executable, "-m", "sexpgpu_cli", "run", str(program), *MODEL]
+    args += ["--set", f"checkpoint-every={every}"]
     args += ["--steps", str(steps), "--metrics-dir", str(folder / "m")]
     args += ["--checkpoint-dir", str(folder / "ckpt"), "--threads", "1"]
     if devices > 1:
@@ -58,7 +90,7 @@ def one_run(folder: Path, devices: int, steps: int, every: int, skip: int) -> tu
     return (n1 - n0) / (t1 - t0), blocked
 
 
-def allreduce_ms(elements: int, repeats: int = 20) -> float:
+def allreduce_ms(elements: int) -> float:
     """Milliseconds of one all-reduce of ``elements`` f32 between two gloo ranks."""
     args = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     args += ["--nproc-per-node", "2", __file__, "--allreduce-worker", str(elements)]
@@ -74,8 +106,6 @@ def allreduce_ms(elements: int, repeats: int = 20) -> float:
 
 def allreduce_worker(elements: int, repeats: int = 20) -> None:
     """One rank of :func:`allreduce_ms` (under torchrun)."""
-    import time
-
     import torch
     import torch.distributed as dist
 
@@ -91,30 +121,49 @@ def allreduce_worker(elements: int, repeats: int = 20) -> None:
     dist.destroy_process_group()
 
 
-def step_ms(repeats: int = 10) -> tuple[float, float]:
-    """Milliseconds of one training step on the whole global batch and on half of it."""
-    import time
-
+def step_worker(program: Path, part: int, parts: int, steps: int) -> None:
+    """Print the milliseconds of a step (propose, finite guard, commit; no group) on part ``part``
+    of ``parts`` of the global batch, on one thread: one process of the ceiling."""
     import torch
 
     from sexpgpu.lang import compile_file
     from sexpgpu.run import lower_program, open_data
 
     torch.set_num_threads(1)
-    program = compile_file(str(PROGRAM), sets={"dim": "256", "layers": "4"})
-    trainer = lower_program(program)
+    program_ = compile_file(str(program), sets={"dim": "256", "layers": "4"})
+    trainer = lower_program(program_)
     trainer.init_params()
-    batch = open_data(program.stages[0].data, 1)[1].next_batch()
-    half = {name: array[: len(array) // 2] for name, array in batch.items()}
-    times = []
-    for part in (batch, half):
-        for _ in range(3):
-            trainer.propose(part, stage=0, step=1, lr=1e-3)
-        started = time.perf_counter()
-        for _ in range(repeats):
-            trainer.propose(part, stage=0, step=1, lr=1e-3)
-        times.append((time.perf_counter() - started) / repeats * 1000)
-    return times[0], times[1]
+    batch = open_data(program_.stages[0].data, 1)[1].next_batch()
+    share = len(next(iter(batch.values()))) // parts
+    mine = {name: array[part * share : (part + 1) * share] for name, array in batch.items()}
+    for step in range(1, steps + 1):
+        if step == 3:  # the first steps allocate; leave them out
+            started = time.perf_counter()
+        proposal = trainer.propose(mine, stage=0, step=step, lr=1e-3)
+        trainer.find_non_finite(proposal)  # the run's finite guard, as a step of the run
+        trainer.commit(proposal)
+    print(f"ms {(time.perf_counter() - started) / (steps - 2) * 1000:.3f}", flush=True)
+
+
+def ceiling(program: Path, steps: int) -> tuple[float, float]:
+    """Milliseconds of a step on the whole batch in one process, and the slower of two
+    processes stepping half of it each at the same time."""
+
+    def start(part: int, parts: int) -> subprocess.Popen:
+        args = [sys.executable, __file__, "--step-worker", str(program)]
+        args += ["--part", f"{part}/{parts}", "--steps", str(steps)]
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        return subprocess.Popen(args, env=env, stdout=subprocess.PIPE, text=True)
+
+    def read(process: subprocess.Popen) -> float:
+        out, _ = process.communicate(timeout=1800)
+        if process.returncode != 0:
+            raise SystemExit("a ceiling worker failed")
+        return float(out.split()[-1])
+
+    whole = read(start(0, 1))
+    halves = [start(0, 2), start(1, 2)]
+    return whole, max(read(process) for process in halves)
 
 
 def parameters(folder: Path) -> int:
@@ -132,44 +181,63 @@ def summary(values: list[float]) -> str:
     )
 
 
+def measure(name: str, root: Path, repeats: int) -> int:
+    """Every figure of one workload, printed; returns the parameter count."""
+    batch, steps, skip, every = WORKLOADS[name]
+    program = program_with_batch(root, batch)
+    rates: dict[int, list[float]] = {1: [], 2: []}
+    stalls: dict[int, list[float]] = {1: [], 2: []}
+    elements = 0
+    for repeat in range(repeats):
+        for devices in (1, 2):
+            folder = root / f"{name}-{devices}-{repeat}"
+            rate, blocked = one_run(program, folder, devices, steps, every, skip)
+            rates[devices].append(rate)
+            stalls[devices].extend(blocked)
+            elements = parameters(folder)
+            print(f"{name} run {repeat} devices={devices}: {rate:.0f} tokens/s", flush=True)
+    label = f"{name} (global batch {batch}, {batch * 16} tokens/step)"
+    for devices in (1, 2):
+        print(f"{label} {devices} rank(s) x 1 thread  tokens/s  {summary(rates[devices])}")
+        print(f"{label} {devices} rank(s) x 1 thread  stall s   {summary(stalls[devices])}")
+    ratio = statistics.median(rates[2]) / statistics.median(rates[1])
+    stall = statistics.median(stalls[2]) / statistics.median(stalls[1])
+    whole_ms, half_ms = ceiling(program, steps=8 if batch > 64 else 20)
+    print(f"{label} throughput ratio 2 ranks / 1 rank (medians): {ratio:.2f}  (goal >= 1.7)")
+    print(f"{label} checkpoint stall ratio 2 ranks / 1 rank (medians): {stall:.2f}")
+    print(
+        f"{label} ceiling: a step on the whole batch {whole_ms:.1f} ms in one process, "
+        f"{half_ms:.1f} ms on half in each of two at once: at most {whole_ms / half_ms:.2f}x; "
+        f"the ranks reach {ratio / (whole_ms / half_ms):.0%} of it",
+        flush=True,
+    )
+    return elements
+
+
 def main() -> None:
-    """Measure both set-ups, alternating, and print one line per figure."""
+    """Measure the workloads, alternating set-ups, and print one line per figure."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--every", type=int, default=10, help="checkpoint every N steps")
-    parser.add_argument("--skip", type=int, default=5, help="steps left out as warm-up")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--workload", choices=[*WORKLOADS, "both"], default="both")
     parser.add_argument("--allreduce-worker", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--step-worker", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--part", default="0/1", help=argparse.SUPPRESS)
+    parser.add_argument("--steps", type=int, default=20, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.allreduce_worker:
         allreduce_worker(args.allreduce_worker)
         return
-
-    rates: dict[int, list[float]] = {1: [], 2: []}
-    stalls: dict[int, list[float]] = {1: [], 2: []}
+    if args.step_worker:
+        part, parts = (int(x) for x in args.part.split("/"))
+        step_worker(Path(args.step_worker), part, parts, args.steps)
+        return
+    names = list(WORKLOADS) if args.workload == "both" else [args.workload]
     with tempfile.TemporaryDirectory(prefix="sexpgpu-bench-dp-") as root:
-        for repeat in range(args.repeats):
-            for devices in (1, 2):
-                folder = Path(root) / f"{devices}-{repeat}"
-                rate, blocked = one_run(folder, devices, args.steps, args.every, args.skip)
-                rates[devices].append(rate)
-                elements = parameters(folder)
-                stalls[devices].extend(blocked)
-                print(f"run {repeat} devices={devices}: {rate:.0f} tokens/s", flush=True)
-    for devices in (1, 2):
-        print(f"{devices} rank(s) x 1 thread  tokens/s   {summary(rates[devices])}")
-        print(f"{devices} rank(s) x 1 thread  stall s    {summary(stalls[devices])}")
-    ratio = statistics.median(rates[2]) / statistics.median(rates[1])
-    print(f"throughput ratio 2 ranks / 1 rank (medians): {ratio:.2f}  (goal >= 1.7)")
-    stall = statistics.median(stalls[2]) / statistics.median(stalls[1])
-    print(f"checkpoint stall ratio 2 ranks / 1 rank (medians): {stall:.2f}")
-    reduce_ms = allreduce_ms(elements)
-    full_ms, half_ms = step_ms()
-    projected = full_ms / (half_ms + reduce_ms)
+        for name in names:
+            elements = measure(name, Path(root), args.repeats)
     print(
-        f"all-reduce of {elements} f32 between 2 gloo ranks: {reduce_ms:.1f} ms; a step on "
-        f"the whole batch {full_ms:.1f} ms, on half {half_ms:.1f} ms; on two free cores "
-        f"2 ranks would give {projected:.2f}x"
+        f"all-reduce of {elements} f32 (one step's gradients) between 2 gloo ranks: "
+        f"{allreduce_ms(elements):.1f} ms"
     )
 
 

@@ -30,6 +30,8 @@ def main(argv: list[str] | None = None) -> None:
     watch = watch_process()  # first thing: nothing heavy is imported yet
     args = sys.argv[1:] if argv is None else list(argv)
     try:
+        if argv is None and _start_swallowed_an_interrupt():
+            raise KeyboardInterrupt
         watch.interrupt_if_stopping()
         from sexpgpu_cli.group import invoke
         from sexpgpu_cli.options import hoist_root_options
@@ -52,6 +54,15 @@ def main(argv: list[str] | None = None) -> None:
         watch.uninstall()
     if code not in (0, None):
         sys.exit(code)
+
+
+def _start_swallowed_an_interrupt() -> bool:
+    """Whether the interpreter's own start took a Ctrl-C and went on: a SIGINT while
+    it looks for an importer of ``argv[0]`` is printed ("Failed checking if argv[0]
+    is an import path entry") and dropped by CPython, which then runs the script
+    anyway. It leaves the exception in ``sys.last_exc``/``sys.last_value``."""
+    last = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+    return isinstance(last, KeyboardInterrupt)
 
 
 def _interrupted_before_the_command_ended(watch: StopWatch, args: list[str]) -> int:

@@ -96,10 +96,17 @@ class Trainer(Protocol):
     (the loss it reports is the mean over the ranks). It is optional, and outside
     this protocol, so that a lowering for one device still satisfies it.
 
+    A trainer whose graphs compile may also have ``warm_up() -> float``: compile
+    every graph a run calls (losses with their backward, updates, eval passes)
+    now, on stand-ins, and return the seconds it took. ``sexpgpu run`` calls it
+    once, right after lowering and before any parameter is set; ``sexpgpu
+    evaluate`` never does, so only the eval graphs it runs compile (on their first
+    call). It is optional: without it a graph compiles, if at all, when first run.
+
     Two more optional attributes: ``compile_seconds`` (a lowering that compiles
-    its graphs before the first step says how long it took; ``run started``
-    logs it), and ``reads_loss_late`` (true when reading a proposal's ``loss``
-    waits for the device: the run then reads each step's loss once the next
+    its graphs before the first step says how long it took, set by ``warm_up``;
+    ``run started`` logs it), and ``reads_loss_late`` (true when reading a
+    proposal's ``loss`` waits for the device: the run then reads each step's loss once the next
     step is queued, or before anything else is said of that step, so a step's
     metrics cost no host sync and the events keep their order).
     """
@@ -205,7 +212,9 @@ class Lowering(Protocol):
         site with :func:`sexpgpu.kernels.choose_kernels` (the one rule for every
         lowering), which takes ``pinned[site]`` when given and raises
         :class:`sexpgpu.errors.CheckpointError` ``E-CHOICE-001`` when a pinned
-        choice cannot be taken here.
+        choice cannot be taken here. ``pinned`` also carries the kernels the user
+        asked for (``sexpgpu run --choose``; a :class:`sexpgpu.kernels.Pins`): pass
+        it to ``choose_kernels`` as it came, and they are taken and checked.
         """
 
 

@@ -9,14 +9,23 @@ for non-deterministic execution, the highest ``priority`` wins, then the name in
 alphabetical order. A choice recorded by a checkpoint (``pinned``) is taken instead of
 the rule; a pinned name that fits nothing here is ``E-CHOICE-001``. The names chosen
 are what a trainer records as its ``choices`` (:func:`recorded`).
+
+A user asks for kernels with ``sexpgpu run --choose SITE=KERNEL`` (a site's full name,
+or a kind for every site of that kind; :func:`parse_requests`). The core resolves the
+requests against the program and the recorded choices (:func:`pin_requests`) and hands
+them to the lowering inside ``pinned`` (a :class:`Pins`), so a lowering that passes
+``pinned`` on to :func:`choose_kernels` as it came takes them with no change of its own;
+the rule then checks each request as one: it must fit, and be deterministic in a
+deterministic run.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import difflib
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from sexpgpu.errors import CheckpointError, PluginError
+from sexpgpu.errors import CheckpointError, PluginError, UsageError
 
 if TYPE_CHECKING:
     from sexpgpu.extension import KernelInfo
@@ -52,13 +61,20 @@ def choose_kernels(
     ``pinned[site]`` takes precedence over the rule (pins for sites the program no
     longer has are ignored). Raises :class:`CheckpointError` ``E-CHOICE-001`` for a
     pinned name that fits nothing here, and :class:`PluginError` for a site that no
-    kernel fits.
+    kernel fits. A pin the user asked for (``pinned.requested``, see :class:`Pins`)
+    that fits nothing here, or is not deterministic in a deterministic run, is a
+    :class:`PluginError` naming the request and the kernels that fit.
     """
     here = fitting(kernels, lowering=lowering, device=device)
     deterministic = program.run.deterministic
+    requested: Mapping[str, str] = getattr(pinned, "requested", {})
     chosen: dict[str, KernelInfo] = {}
     for site in program.sites:
-        if pinned and site.name in pinned:
+        if pinned and site.name in requested:
+            chosen[site.name] = _requested(
+                site, pinned[site.name], requested[site.name], here, deterministic, lowering, device
+            )
+        elif pinned and site.name in pinned:
             chosen[site.name] = _pinned(site, pinned[site.name], here, lowering, device)
         else:
             chosen[site.name] = _by_rule(site, here, deterministic, lowering, device)
@@ -75,6 +91,36 @@ def _pinned(
             f"no available {site.kind} kernel '{name}' for the {lowering} lowering on "
             f"{device_kind(device)} (use --choices fresh to choose again)",
             code="E-CHOICE-001",
+        )
+    return match
+
+
+def _requested(
+    site: ChoiceSite,
+    name: str,
+    asked: str,
+    here: Sequence[KernelInfo],
+    deterministic: bool,
+    lowering: str,
+    device: str,
+) -> KernelInfo:
+    of_kind = [k for k in here if k.kind == site.kind]
+    match = next((k for k in of_kind if k.name == name), None)
+    if match is None:
+        # the ones this run can take first, each part by the rule's order
+        of_kind.sort(key=lambda k: (deterministic and not k.deterministic, rank(k)))
+        listed = ", ".join(
+            k.name + ("" if k.deterministic or not deterministic else " (not deterministic)")
+            for k in of_kind
+        )
+        raise PluginError(
+            f"{asked}: no {site.kind} kernel '{name}' for the {lowering} lowering on "
+            f"{device_kind(device)} (kernels that fit: {listed or 'none'}; see `sexpgpu check`)"
+        )
+    if deterministic and not match.deterministic:
+        raise PluginError(
+            f"{asked}: the {site.kind} kernel '{name}' is not deterministic and this run is "
+            "(add :deterministic false to its defrun to take it)"
         )
     return match
 
@@ -101,6 +147,97 @@ def recorded(chosen: Mapping[str, KernelInfo]) -> dict[str, str]:
     """``{site: kernel name}``: what a trainer exposes as ``choices`` and a checkpoint
     records, so that a resume can pin the same kernels."""
     return {site: kernel.name for site, kernel in chosen.items()}
+
+
+# ---------------------------------------------------------------- the user's requests
+
+CHOOSE = "--choose"
+
+# Recorded choices that are not kernel sites, and the option that sets each instead.
+_OTHER_OPTIONS = {"lowering": "--lowering", "cpu.threads": "--threads"}
+
+
+class Pins(dict[str, str]):
+    """``pinned`` as a lowering receives it: site -> kernel name, a resume's recorded
+    choices and the user's requests together. ``requested`` maps each site a request
+    pins to the request as the user wrote it (``--choose attention=sdpa``), so that
+    :func:`choose_kernels` checks those as requests. A lowering passes it on to
+    :func:`choose_kernels` as it came (a plain copy keeps the pins, not the checks)."""
+
+    def __init__(self, pins: Mapping[str, str], requested: Mapping[str, str]) -> None:
+        super().__init__(pins)
+        self.requested: dict[str, str] = dict(requested)
+
+
+def parse_requests(values: Iterable[str]) -> dict[str, str]:
+    """``("attention=sdpa", "stack:model.blocks=looped")`` -> ``{target: kernel}``, as
+    ``--choose`` takes them; a target given twice takes its last kernel (as ``--set``).
+    Raises :class:`UsageError` for an item that is not ``SITE=KERNEL``."""
+    requests: dict[str, str] = {}
+    for item in values:
+        target, sep, kernel = item.partition("=")
+        if not sep or not target.strip() or not kernel.strip():
+            raise UsageError(f"{CHOOSE} takes SITE=KERNEL or KIND=KERNEL, got '{item}'")
+        requests[target.strip()] = kernel.strip()
+    return requests
+
+
+def requested_sites(program: Program, requests: Mapping[str, str]) -> dict[str, tuple[str, str]]:
+    """``{site: (kernel, target)}`` for ``requests`` (``{target: kernel}``): a target
+    that is a kind names every site of that kind, and a site's full name wins over
+    its kind. Raises :class:`UsageError` for a target the program has neither as a
+    site nor as a kind."""
+    names = {site.name for site in program.sites}
+    kinds = sorted({site.kind for site in program.sites})
+    for target, kernel in requests.items():
+        if target not in names and target not in kinds:
+            raise UsageError(_unknown_target(program, target, kernel, kinds))
+    wanted: dict[str, tuple[str, str]] = {}
+    for site in program.sites:
+        target = site.name if site.name in requests else site.kind
+        if target in requests:
+            wanted[site.name] = (requests[target], target)
+    return wanted
+
+
+def _unknown_target(program: Program, target: str, kernel: str, kinds: list[str]) -> str:
+    asked = f"{CHOOSE} {target}={kernel}"
+    if target in _OTHER_OPTIONS:
+        return f"{asked}: {target} is not a kernel choice site; use {_OTHER_OPTIONS[target]}"
+    sites = [site.name for site in program.sites]
+    near = difflib.get_close_matches(target, sites + kinds, n=1)
+    hint = f"did you mean '{near[0]}'? " if near else ""
+    listed = f"its sites: {', '.join(sites)}; kinds: {', '.join(kinds)}" if sites else "it has none"
+    return f"{asked}: the program has no choice site or kind '{target}' ({hint}{listed})"
+
+
+def pin_requests(
+    program: Program, requests: Mapping[str, str] | None, pinned: Mapping[str, str] | None
+) -> Mapping[str, str] | None:
+    """``pinned`` with the user's ``requests`` (``{target: kernel}``, see
+    :func:`requested_sites`) added, as a :class:`Pins`; ``pinned`` itself without any.
+
+    A request against another kernel that ``pinned`` records for its site (a pinned
+    resume) is ``E-CHOICE-001``, as ``--lowering`` against a recorded lowering is; one
+    that asks for the recorded kernel is the recorded pin. A resume with
+    ``--choices fresh`` pins no kernel, so its requests stand.
+    """
+    if not requests:
+        return pinned
+    pins = dict(pinned or {})
+    asked: dict[str, str] = {}
+    for site, (kernel, target) in requested_sites(program, requests).items():
+        old = pins.get(site)
+        if old is not None and old != kernel:
+            raise CheckpointError(
+                f"the recorded choice '{old}' for {site} cannot be taken with "
+                f"{CHOOSE} {target}={kernel} (use --choices fresh to choose again)",
+                code="E-CHOICE-001",
+            )
+        if old is None:
+            pins[site] = kernel
+            asked[site] = f"{CHOOSE} {target}={kernel}"
+    return Pins(pins, asked)
 
 
 # ---------------------------------------------------------------- the lowering itself

@@ -68,6 +68,8 @@ class RunOptions:
     """``--lowering``: the lowering by name (default: the device kind's; pinned on resume)."""
     threads: int | None = None
     """``--threads``: the CPU's intra-op thread count (pinned as ``cpu.threads``)."""
+    choose: Mapping[str, str] = field(default_factory=dict)
+    """``--choose``: a kernel per choice site or kind (``{"attention": "sdpa"}``)."""
     progress: bool = False
     keep_last: int | None = None
     """``--keep-last``: wins over the file's ``:keep-last``."""
@@ -184,8 +186,15 @@ class Run:
                 return
 
         self.trainer = lower_program(
-            program, device=self.group.device, pinned=pinned, lowering=options.lowering
+            program,
+            device=self.group.device,
+            pinned=pinned,
+            lowering=options.lowering,
+            choose=options.choose,
         )
+        warm_up = getattr(self.trainer, "warm_up", None)
+        if warm_up is not None:  # a compiling lowering pays it before the first step
+            warm_up()
         if self.group.size > 1:
             hand_over(self.trainer, self.group)
         moved += self._set_tensors(resumed)

@@ -20,14 +20,18 @@ def lower_program(
     device: str = "cpu",
     pinned: Mapping[str, str] | None = None,
     lowering: str | None = None,
+    choose: Mapping[str, str] | None = None,
 ) -> Trainer:
     """Lower ``program`` for ``device`` as a run does: the lowering named by
     ``lowering`` or by the pinned choice, else the device kind's default; every
-    available kernel and optimizer, ``pinned`` choices taken. The lowering's name
-    is recorded in the trainer's ``choices`` (``lowering``)."""
-    from sexpgpu.kernels import LOWERING_CHOICE, choose_lowering
+    available kernel and optimizer, ``pinned`` choices taken, and the kernels
+    ``choose`` asks for (``--choose``: ``{site or kind: kernel}``, handed to the
+    lowering with the pins; see :func:`sexpgpu.kernels.pin_requests`). The
+    lowering's name is recorded in the trainer's ``choices`` (``lowering``)."""
+    from sexpgpu.kernels import LOWERING_CHOICE, choose_lowering, pin_requests
     from sexpgpu.plugin_supplies import defaults_of
 
+    pinned = pin_requests(program, choose, pinned)
     kind = device.split(":", 1)[0]
     plugins = get_plugins()
     lowerings = plugins.available("sexpgpu_lowerings")

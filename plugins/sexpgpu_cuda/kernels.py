@@ -56,9 +56,9 @@ conv2d_cudnn: Conv2dKernel = conv2d_direct
 conv2d_cudnn_benchmark: Conv2dKernel = conv2d_direct
 
 
-# A repeat's body writes the iteration it runs (dropout reads it), a side effect
-# torch's checkpoint operator cannot trace: the compiled lowering runs the graphs of
-# a program that recomputes eagerly (docs/cuda.md).
+# Under torch.compile the checkpoint is traced as one region whose forward the
+# backward graph computes again; the body keeps the iteration it runs in its own
+# values (sexpgpu_torch.lowering), since a region may not write outside itself.
 def stack_recompute(
     body: StackBody, carry: Tensor, per_iteration_slots: Sequence[Sequence[Tensor]]
 ) -> Tensor:

@@ -8,10 +8,12 @@ backward with it), each optimizer update, and each eval pass. Nothing else diffe
 so the numbers agree with the eager lowering's within float tolerance and a resume
 takes the same compiled code as the run it continues (bit for bit).
 
-Compiling happens once, in :meth:`CompiledLowering.lower`, on stand-in tensors of
-the program's shapes, so the first step pays nothing and ``run started`` can say how
-long it took; torch's on-disk caches make a second start of the same program on the
-same machine (a resume) reuse the artifacts.
+A run compiles every graph before its first step (:meth:`CompiledTrainer.warm_up`,
+which the run calls once after lowering), on stand-in tensors of the program's
+shapes, so the first step pays nothing and ``run started`` can say how long it took.
+Nothing else compiles up front: ``sexpgpu evaluate`` never warms up, and torch
+compiles each eval pass it runs on its first call. torch's on-disk caches make a
+second start of the same program on the same machine (a resume) reuse the artifacts.
 """
 
 from __future__ import annotations
@@ -92,18 +94,16 @@ class CompiledTrainer(TorchTrainer):
         # run reads and the optimizer's math stay f32 (the eager trainer's rules)
         self.autocast = program.run.precision == "bf16"
         self._eager_loss = list(self.stage_loss)
-        self.dropouts: list[list[tuple]] = [[] for _ in program.stages]
-        # a repeat that recomputes runs torch's checkpoint over a body that writes its
-        # iteration, which a trace cannot hold: such a program's graphs stay eager
-        compile_graph = _compile if all(k.name != "recompute" for k in chosen.values()) else _same
+        # each stage's dropouts (key, iteration, shape, keep), noted on its first step
+        self.dropouts: list[list[tuple] | None] = [None for _ in program.stages]
         self.stage_loss = [
-            self._with_masks(stage, compile_graph(fn)) for stage, fn in enumerate(self.stage_loss)
+            self._with_masks(stage, _compile(fn)) for stage, fn in enumerate(self.stage_loss)
         ]
         self.updates = [
             (CompiledUpdate(update, BACKEND), options) for update, options in self.updates
         ]
-        self.evals = {name: (decl, compile_graph(run)) for name, (decl, run) in self.evals.items()}
-        self.compile_seconds = 0.0
+        self.evals = {name: (decl, _compile(run)) for name, (decl, run) in self.evals.items()}
+        self.compile_seconds: float | None = None  # set by warm_up
         # On CUDA a loss read waits for the device: the run reads it a step late.
         self.reads_loss_late = True
         self.snapshots = device_snapshots(self.device)
@@ -112,30 +112,34 @@ class CompiledTrainer(TorchTrainer):
         ctx = self.ctx
 
         def run() -> Any:
+            wanted = self.dropouts[stage]
+            if wanted is None:
+                wanted = self.dropouts[stage] = self._find_dropouts(stage)
             # the step's masks, drawn eagerly from the step number, enter as inputs
-            for key, iteration, shape, keep in self.dropouts[stage]:
+            for key, iteration, shape, keep in wanted:
                 mask = Ctx.dropout_mask(ctx, shape, keep, key, iteration)
                 ctx.inputs[mask_name(key, iteration)] = mask
             return compiled()
 
         return run
 
-    def _find_dropouts(self, stage: int, batch: Mapping[str, np.ndarray]) -> None:
-        """One eager forward pass of ``stage``'s loss noting its dropouts (no gradients)."""
+    def _find_dropouts(self, stage: int) -> list[tuple]:
+        """One eager forward pass of ``stage``'s loss on the step's inputs, noting its
+        dropouts (no gradients); the masks it draws go unused."""
         ctx = self.ctx
-        self._inputs(batch, self.fields[stage])
-        ctx.training, ctx.wanted = True, []
+        ctx.wanted = []
         try:
             with torch.no_grad():
                 self._eager_loss[stage]()
-            self.dropouts[stage] = list(dict.fromkeys(ctx.wanted))
+            return list(dict.fromkeys(ctx.wanted))
         finally:
-            ctx.wanted, ctx.inputs = None, {}
+            ctx.wanted = None
 
     def warm_up(self) -> float:
         """Compile every stage's loss, backward and update, and every eval pass, now, on
         zero stand-ins of the program's tensors (nothing of the run changes); returns
-        the seconds taken."""
+        the seconds taken. The run calls it once, before any parameter is set; without
+        it each graph compiles on its first call."""
         started = time.perf_counter()
         breaks_before = dict(_graph_breaks())
         for decl in self.decls:
@@ -146,7 +150,6 @@ class CompiledTrainer(TorchTrainer):
         try:
             for stage, decl in enumerate(self.program.stages):
                 batch = _zeros(decl.data.fields)
-                self._find_dropouts(stage, batch)
                 first = self.group_start[stage] + 1
                 self.propose(batch, stage=stage, step=first, lr=1e-3)
             for eval_pass in self.program.evals:
@@ -207,10 +210,6 @@ def _report_graph_breaks(before: Mapping[str, int]) -> None:
         )
 
 
-def _same(fn: Callable[..., Any]) -> Callable[..., Any]:
-    return fn
-
-
 def _compile(fn: Callable[..., Any]) -> Callable[..., Any]:
     # dynamic=False: a program's shapes are fixed, and static shapes compile the
     # fastest kernels; a graph reads its tensors through the trainer's dicts
@@ -246,7 +245,8 @@ class CompiledLowering:
         optimizers: Mapping[str, OptimizerInfo],
         pinned: Mapping[str, str] | None,
     ) -> CompiledTrainer:
-        """Take the machine's switches, choose a kernel per site, compile every graph."""
+        """Take the machine's switches, choose a kernel per site, and wrap every graph
+        in ``torch.compile`` (compiled on first call, or all at once by ``warm_up``)."""
         kind = device_kind(device)
         if kind not in ("cpu", "cuda"):
             raise PluginError(f"the compiled lowering cannot run on '{device}' (cpu or cuda)")
@@ -269,5 +269,4 @@ class CompiledLowering:
         trainer.choices.update(cpu_choices)
         trainer.choices.update(switches)
         trainer.choices[COMPILE_BACKEND] = BACKEND
-        trainer.warm_up()
         return trainer

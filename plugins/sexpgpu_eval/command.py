@@ -31,6 +31,12 @@ DEFAULT_POLL = 10.0
 @click.option("--file", help="The run's .sx file; default the one experiment.json records.")
 @click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N.")
 @click.option(
+    "--lowering",
+    metavar="NAME",
+    help="Evaluate with this lowering (torch, compiled, ...) instead of the one the "
+    "checkpoint trained with; its kernels are chosen afresh (nothing is written back).",
+)
+@click.option(
     "--metrics-dir",
     envvar="SEXPGPU_METRICS_DIR",
     help="Where the JSONL sink writes (default ./sexpgpu-runs, as sexpgpu run).",
@@ -55,6 +61,7 @@ def evaluate(
     names: tuple[str, ...],
     file: str | None,
     device: str,
+    lowering: str | None,
     metrics_dir: str | None,
     sinks: tuple[str, ...],
     settle: float,
@@ -75,6 +82,7 @@ def evaluate(
         names=list(names) or None,
         file=file,
         device=device,
+        lowering=lowering,
         metrics_dir=metrics_dir,
         sinks=sinks,
         settle=settle,

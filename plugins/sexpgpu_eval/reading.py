@@ -4,7 +4,9 @@
 parameters checked, its choices taken, its metrics experiment found by
 ``slug``), ``state.json`` (step, stage, counters) and ``params.safetensors``,
 each verified against its checksum. Never ``states.safetensors``, never the
-training loader, and nothing is written into the checkpoint.
+training loader, and nothing is written into the checkpoint: which is why another
+lowering than the recorded one (``--lowering``) may evaluate it, choosing its
+kernels afresh, without ``--choices fresh``.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from sexpgpu.checkpoint import check_position, compare_for_resume, load_checkpoi
 from sexpgpu.errors import CheckpointError, SexpError
 from sexpgpu.extension import Storage, Trainer
 from sexpgpu.graph import Program
+from sexpgpu.kernels import LOWERING_CHOICE, with_lowering
 
 E_EVAL_FOREIGN = "E-EVAL-002"
 """A checkpoint whose run is not the program compiled for it (another program's)."""
@@ -70,9 +73,11 @@ class CheckpointReader:
     """Opens checkpoints for evaluation; a program and its lowering are built once per
     distinct identity (sources, knobs, variant, choices), since a follower reads many."""
 
-    def __init__(self, *, device: str, file: str | None) -> None:
+    def __init__(self, *, device: str, file: str | None, lowering: str | None = None) -> None:
         self.device = device
         self.file = file
+        self.lowering = lowering
+        """``--lowering``: evaluate with this lowering (default: the recorded one)."""
         self._built: dict[str, tuple[Program, Trainer, list[str]]] = {}
         self._programs: dict[str, Program] = {}
 
@@ -128,12 +133,23 @@ class CheckpointReader:
                 )
             except SexpError as error:
                 raise one_line(error) from None
+            pinned, moved_lowering = self._pins(experiment)
             trainer = lower_program(
-                program, device=self.device, pinned=dict(experiment.get("choices", {}))
+                program, device=self.device, pinned=pinned, lowering=self.lowering
             )
-            moved += _read_loads(program, trainer, experiment)
+            moved += moved_lowering + _read_loads(program, trainer, experiment)
             self._built[identity] = (program, trainer, moved)
         return self._built[identity]
+
+    def _pins(self, experiment: dict[str, Any]) -> tuple[dict[str, str] | None, list[str]]:
+        """The choices to lower with, and the ``choice`` line when the lowering moved:
+        the recorded choices under the recorded lowering; none under another one (its
+        kernels are its own, chosen afresh for this machine)."""
+        recorded = dict(experiment.get("choices", {}))
+        ran_on = with_lowering(recorded)[LOWERING_CHOICE]
+        if self.lowering is None or self.lowering == ran_on:
+            return recorded, []
+        return None, [f"choice {LOWERING_CHOICE} {ran_on} -> {self.lowering}"]
 
 
 def _read_loads(program: Program, trainer: Trainer, experiment: dict[str, Any]) -> list[str]:

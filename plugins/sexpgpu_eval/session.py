@@ -21,6 +21,7 @@ def run_evaluate(
     names: list[str] | None,
     file: str | None,
     device: str,
+    lowering: str | None = None,
     metrics_dir: str | None,
     sinks: Sequence[str],
     settle: float,
@@ -38,7 +39,7 @@ def run_evaluate(
     try:
         watch.loop_started()  # from here a signal stops at the next batch
         evaluation = Evaluation(
-            reader=CheckpointReader(device=device, file=file),
+            reader=CheckpointReader(device=device, file=file, lowering=lowering),
             runner=eval_runner(),
             reporting=reporting,
             stopping=lambda: watch.stopping,

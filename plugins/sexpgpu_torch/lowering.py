@@ -92,8 +92,10 @@ class _Compiler:
         self.steps: list[Step] = []
         self.template: list[Any] = []
         self.types: dict[int, Any] = {}
-        # Set in a repeat body compiled as a function: holds the iteration being run.
-        self.iteration_box: list[int] | None = None
+        # Set in a repeat body compiled as a function: the index of its value list
+        # that holds the iteration being run (a local of the body, so that a trace
+        # under torch's checkpoint sees no write outside its scope).
+        self.iteration_index: int | None = None
 
     def alloc(self, value: Any = None) -> int:
         self.template.append(value)
@@ -168,6 +170,8 @@ class _Compiler:
             return self.emit_repeat(node, args[0], out)
 
         fn = self.op_function(node, iteration)
+        if getattr(fn, "reads_iteration", False):
+            args.append(self.iteration_index)
         self._append(fn, out, args)
         return out
 
@@ -207,19 +211,23 @@ class _Compiler:
         """The type of ``node``'s argument ``i``."""
         return self.types[node.args[i]]
 
-    def dropout(self, p: float, key: int, iteration: int | None) -> Callable[[Tensor], Tensor]:
-        """Dropout whose mask is drawn from ``(seed, "dropout", step, key[, iteration])``."""
+    def dropout(self, p: float, key: int, iteration: int | None) -> Callable[..., Tensor]:
+        """Dropout whose mask is drawn from ``(seed, "dropout", step, key[, iteration])``.
+
+        In a repeat body compiled as a function the iteration is known only when the
+        body runs: the function returned then takes it as a second argument, read from
+        the body's value list (it is marked ``reads_iteration``)."""
         ctx = self.ctx
         keep = 1.0 - p
-        box = self.iteration_box if iteration is None else None
 
-        def run(x: Tensor) -> Tensor:
+        def run(x: Tensor, it: int | None = iteration) -> Tensor:
             if not ctx.training or p == 0.0:
                 return x
-            it = box[0] if box is not None else iteration
             mask = ctx.dropout_mask(x.shape, keep, key, it)
             return x * mask.to(x.dtype) * (1.0 / keep)
 
+        reads = iteration is None and self.iteration_index is not None
+        run.reads_iteration = reads  # type: ignore[attr-defined]
         return run
 
     # -- repeats
@@ -258,7 +266,7 @@ class _Compiler:
         """A repeat body as ``fn(carry, slot_tensors) -> Tensor`` for a stack kernel."""
         sub = _Compiler(self.ctx, self.kernels, self.device, self.inline)
         sub.types = self.types
-        sub.iteration_box = box = [0]
+        sub.iteration_index = iteration = sub.alloc(0)
         carry = sub.alloc()
         n_slots = 1 + max(
             (int(n.attrs["slot"]) for n in body.nodes if n.op == "param" and "slot" in n.attrs),
@@ -267,7 +275,7 @@ class _Compiler:
         slot_idx = {s: sub.alloc() for s in range(n_slots)}
         (result,) = sub.emit_graph(body, carry=carry, slot_indices=slot_idx, iteration=None)
         # Dropout in a body compiled as a function takes its iteration from the
-        # Slots it is called with, through the box its steps read.
+        # Slots it is called with, through the body's own value list.
         runner_steps = tuple(sub.steps)
         template = sub.template
         slot_positions = list(slot_idx.items())
@@ -277,7 +285,7 @@ class _Compiler:
             v[carry] = carry_value
             for s, i in slot_positions:
                 v[i] = slot_tensors[s]
-            box[0] = getattr(slot_tensors, "iteration", 0)
+            v[iteration] = getattr(slot_tensors, "iteration", 0)
             for st in runner_steps:
                 st(v)
             return v[result]

@@ -239,3 +239,48 @@ def test_the_fused_guard_refuses_a_non_finite_proposal_and_names_it(runs):
     assert last.startswith("sexpgpu run: step 1: the proposed parameter of model.embed.table has ")
     assert last.endswith(" values that are not finite; nothing was committed")
     assert not (folder / "guard").exists() or not any((folder / "guard").iterdir())
+
+
+def _evaluate(folder: Path, env: dict[str, str], metrics: str, *args: str):
+    return run_sexpgpu(
+        "evaluate", f"full/{SIX}", "--metrics-dir", metrics, *args, cwd=folder, env=env
+    )
+
+
+def _evaluated(folder: Path, metrics: str) -> dict[str, float]:
+    (run_dir,) = experiments(folder / metrics)
+    return {
+        e["name"]: e["value"]
+        for e in events(run_dir)
+        if e.get("kind") == "point" and e.get("source") == "evaluate"
+    }
+
+
+def test_evaluate_compiles_only_the_eval_pass_it_runs(runs, compiled_env):
+    # torch's dynamo log names each function it traces: evaluate traces one graph,
+    # the eval pass (a run traces the loss and the update as well)
+    folder, _ = runs
+    result = _evaluate(folder, {**compiled_env, "TORCH_LOGS": "dynamo"}, "metrics-evaluated")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stderr.count("torchdynamo start tracing") == 1
+    probe = _points(folder / "metrics-full", "probe/loss")
+    assert _evaluated(folder, "metrics-evaluated")["probe/loss"] == probe[6]
+
+
+def test_evaluate_takes_another_lowering_when_asked(runs, compiled_env):
+    folder, _ = runs
+    result = _evaluate(folder, compiled_env, "metrics-eager-eval", "--lowering", "torch")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "torchdynamo" not in result.stderr and "choice lowering compiled -> torch" in (
+        result.stderr
+    )
+    ran = _points(folder / "metrics-full", "probe/loss")
+    assert _evaluated(folder, "metrics-eager-eval")["probe/loss"] == pytest.approx(ran[6], rel=1e-4)
+    (run_dir,) = experiments(folder / "metrics-eager-eval")
+    notes = [e["text"] for e in events(run_dir) if e.get("kind") == "annotation"]
+    assert any("choice lowering compiled -> torch" in note for note in notes)
+    # a lowering nobody supplies: the line `run --lowering` gives
+    wrong = _evaluate(folder, compiled_env, "metrics-wrong", "--lowering", "compild")
+    (line,) = wrong.stderr.strip().splitlines()
+    assert wrong.returncode != 0 and line.startswith("sexpgpu evaluate: --lowering compild: ")
+    assert "no installed plugin supplies that lowering" in line

@@ -36,7 +36,7 @@ def _shape(shape: tuple[int, ...]) -> str:
 @_selection
 def check(file: str, sets: tuple[str, ...], variant: str | None, steps: int | None) -> None:
     """Compile FILE, check every shape and every :load tensor (headers only), and
-    list its parameters."""
+    list its choice sites with the kernels for each, and its parameters."""
     from sexpgpu.loading import Loads
 
     program = _compile(file, sets, variant, steps)
@@ -56,12 +56,56 @@ def check(file: str, sets: tuple[str, ...], variant: str | None, steps: int | No
     click.echo(
         f"{program.file}: run {program.run.name}, {program.steps} steps, variant {program.variant or '-'}"
     )
+    if program.sites:
+        for line in _site_lines(program):
+            click.echo(line)
+        click.echo("parameters:")
     for r in rows:
         line = "  ".join(c.ljust(w) for c, w in zip(r[:5], widths, strict=True))
         click.echo(("  " + line + ("  " + r[5] if r[5] else "")).rstrip())
     total = sum(math.prod(p.type.shape) for p in program.params)
     trainable = sum(math.prod(p.type.shape) for p in program.params if p.trainable)
     click.echo(f"{len(program.params)} parameters, {total:,} values ({trainable:,} trainable)")
+
+
+def _site_lines(program: Any) -> list[str]:
+    """The choice sites by kind, each kind with the available kernels of that kind:
+    what ``sexpgpu run --choose`` can name."""
+    from sexpgpu.kernels import rank
+    from sexpgpu.plugins import get_plugins
+
+    kernels = sorted(
+        get_plugins().available("sexpgpu_kernels"), key=lambda k: (k.lowering, rank(k))
+    )
+    deterministic = program.run.deterministic
+    lines = [
+        "choice sites (sexpgpu run --choose SITE=KERNEL, or KIND=KERNEL for all of a kind; "
+        "a run takes one that its lowering can call on its device):"
+    ]
+    for kind in sorted({site.kind for site in program.sites}):
+        sites = [site.name for site in program.sites if site.kind == kind]
+        lines.append(f"  {kind}: {', '.join(sites)}")
+        rows = [
+            (
+                k.name,
+                f"{k.lowering} lowering",
+                "on " + ", ".join(k.devices),
+                "deterministic"
+                if k.deterministic
+                else "non-deterministic" + (" (:deterministic false)" if deterministic else ""),
+                f"priority {k.priority}",
+            )
+            for k in kernels
+            if k.kind == kind
+        ]
+        widths = [max(len(r[i]) for r in rows) for i in range(4)] if rows else []
+        lines += [
+            "    " + "  ".join([*(c.ljust(w) for c, w in zip(r[:4], widths, strict=True)), r[4]])
+            for r in rows
+        ]
+        if not rows:
+            lines.append("    no kernel is installed for this kind (see `sexpgpu plugins`)")
+    return lines
 
 
 SHOW = ("graph", "params", "knobs", "sources", "sites", "all")

@@ -69,6 +69,16 @@ from sexpgpu_cli.options import parse_sets
     "the device's (torch on cpu, compiled on cuda). Recorded, and pinned on resume.",
 )
 @click.option(
+    "--choose",
+    "requests",
+    multiple=True,
+    metavar="SITE=KERNEL",
+    help="Take KERNEL at a choice site (repeatable): a site's full name, e.g. "
+    "attention:model.blocks.attn, or a kind (attention, stack, conv2d) for all its "
+    "sites; a full name wins over its kind. `sexpgpu check FILE` lists the sites and "
+    "kernels. Recorded, and pinned on resume.",
+)
+@click.option(
     "--threads",
     type=click.IntRange(min=1),
     help="The CPU's intra-op thread count (default: OMP_NUM_THREADS, else torch's, "
@@ -100,13 +110,16 @@ def run(
     resume: str | None,
     choices: str,
     lowering: str | None,
+    requests: tuple[str, ...],
     threads: int | None,
     keep_last: int | None,
     log_every: str,
 ) -> None:
     """Train FILE, checkpointing to --checkpoint-dir and resuming with --resume."""
+    from sexpgpu.kernels import parse_requests
     from sexpgpu_cli.launch import Worker, in_worker, launch
 
+    choose = parse_requests(requests)  # a malformed one is refused before any worker starts
     worker = Worker(devices) if in_worker() else None
     if worker is None and ((devices or 1) > 1 or max_restarts):
         sys.exit(
@@ -134,6 +147,7 @@ def run(
             resume=resume or None,
             fresh_choices=choices == "fresh",
             lowering=lowering or None,
+            choose=choose,
             threads=threads,
             progress=True,
             keep_last=keep_last,
