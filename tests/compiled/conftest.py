@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.helpers import sexpgpu_env
+from tests.e2e.helpers import run_sexpgpu, sexpgpu_env
 
 
 @pytest.fixture(scope="session")
@@ -26,3 +26,20 @@ def compile_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def compiled_env(compile_cache: Path) -> dict[str, str]:
     """The environment of a `sexpgpu` subprocess that compiles into the session's caches."""
     return sexpgpu_env(TORCHINDUCTOR_CACHE_DIR=str(compile_cache))
+
+
+def run_named(folder: Path, env: dict[str, str], file: str, name: str, *args: str):
+    """``sexpgpu run FILE`` in ``folder``, checkpointing to ``name`` and its metrics in
+    ``metrics-<name>``: one of a module's runs, told apart by ``name``."""
+    return run_sexpgpu(
+        "run",
+        file,
+        "--checkpoint-dir",
+        name,
+        "--metrics-dir",
+        f"metrics-{name}",
+        *args,
+        cwd=folder,
+        env=env,
+        timeout=600,
+    )

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
+from tests.compiled.conftest import run_named
 from tests.e2e.helpers import events, experiments, run_sexpgpu
 
 PROGRAM = """
@@ -54,18 +55,7 @@ pytestmark = pytest.mark.slow
 
 
 def _run(folder: Path, env: dict[str, str], name: str, *args: str):
-    return run_sexpgpu(
-        "run",
-        "lm.sx",
-        "--checkpoint-dir",
-        name,
-        "--metrics-dir",
-        f"metrics-{name}",
-        *args,
-        cwd=folder,
-        env=env,
-        timeout=600,
-    )
+    return run_named(folder, env, "lm.sx", name, *args)
 
 
 def _copy_step(folder: Path, source: str, step: str, target: str) -> Path:

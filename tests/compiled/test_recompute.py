@@ -24,7 +24,8 @@ from pathlib import Path
 import pytest
 from safetensors.numpy import load_file
 
-from tests.e2e.helpers import events, experiments, run_sexpgpu
+from tests.compiled.conftest import run_named
+from tests.e2e.helpers import events, experiments
 
 BATCH, SEQ, DIM, HIDDEN, LAYERS = 8, 8, 16, 48, 3
 
@@ -58,18 +59,7 @@ pytestmark = pytest.mark.slow
 
 
 def _run(folder: Path, env: dict[str, str], name: str, *args: str):
-    return run_sexpgpu(
-        "run",
-        "rc.sx",
-        "--checkpoint-dir",
-        name,
-        "--metrics-dir",
-        f"metrics-{name}",
-        *args,
-        cwd=folder,
-        env=env,
-        timeout=600,
-    )
+    return run_named(folder, env, "rc.sx", name, *args)
 
 
 @pytest.fixture(scope="module")
