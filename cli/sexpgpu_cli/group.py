@@ -1,7 +1,10 @@
 """The root ``sexpgpu`` group: built-in commands load lazily, plugins add theirs.
 
 Imported by :func:`sexpgpu_cli.main.main` once the signals are taken, since
-click and the plugins take a noticeable part of start-up.
+click and the plugins take a noticeable part of start-up. The command line is
+where the :class:`sexpgpu.catalog.Catalog` is built, once per invocation, and
+handed to every command as click's context object (:func:`catalog`; a plugin's
+command takes it with ``click.get_current_context().find_object(Catalog)``).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import importlib.util
 import click
 
 from sexpgpu import __version__
+from sexpgpu.catalog import Catalog
 from sexpgpu.errors import SexpError, SourceError
 from sexpgpu_cli.main import BUILTIN_COMMANDS
 
@@ -83,18 +87,22 @@ def cli(log_format: str, log_level: str) -> None:
       sexpgpu run examples/tiny-lm.sx --checkpoint-dir ckpt --resume latest
     """
     from sexpgpu import log
-    from sexpgpu.plugins import get_plugins
 
     log.configure(level=log_level, fmt=log_format)
-    get_plugins().log_warnings()
+    catalog().log_warnings()
 
 
-def build_cli() -> click.Group:
+def catalog() -> Catalog:
+    """The catalog of the command being run (built by :func:`invoke`)."""
+    found = click.get_current_context().find_object(Catalog)
+    assert found is not None, "a command runs under invoke(), which hands the catalog in"
+    return found
+
+
+def build_cli(plugins: Catalog) -> click.Group:
     """The root group with every available plugin's commands added (never over a
     built-in one: such a plugin is listed unavailable by ``sexpgpu plugins``)."""
-    from sexpgpu.plugins import get_plugins
-
-    get_plugins().register_commands(cli, reserved=BUILTIN_COMMANDS)
+    plugins.add_commands(cli, reserved=BUILTIN_COMMANDS)
     return cli
 
 
@@ -105,9 +113,10 @@ def invoke(args: list[str]) -> int | str | None:
     give their code; a `.sx` error line starts with file:line:col so editors can
     jump to it. Anything else is a bug and keeps its traceback.
     """
-    group = build_cli()
+    plugins = Catalog.load()
+    group = build_cli(plugins)
     try:
-        group.main(args=args, prog_name="sexpgpu", standalone_mode=False)
+        group.main(args=args, prog_name="sexpgpu", standalone_mode=False, obj=plugins)
     except SystemExit as exc:
         return exc.code
     except click.exceptions.Abort as exc:

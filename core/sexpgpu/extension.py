@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 if TYPE_CHECKING:
     import numpy as np
 
+    from sexpgpu.choices import Choices
     from sexpgpu.graph import Program, TensorType
 
 
@@ -25,33 +26,31 @@ if TYPE_CHECKING:
 
 PUBLIC_API: Mapping[str, tuple[str, ...] | None] = {
     "sexpgpu": ("__version__",),
+    # hooks, descriptors and the contracts of what they build
     "sexpgpu.extension": None,
     "sexpgpu.errors": None,
     "sexpgpu.hookspecs": None,
+    "sexpgpu.log": None,
+    # a lowering: the program it lowers, the choice rule and the choices it takes
     "sexpgpu.graph": None,
-    "sexpgpu.storage": None,
     "sexpgpu.kernels": None,
-    "sexpgpu.cpu_choices": None,
+    "sexpgpu.choices": None,
     "sexpgpu.lang.ops": None,
     "sexpgpu.checkpoint": (
         "layout_tensors",
-        # reading a checkpoint as a resume does, less (sexpgpu evaluate)
+        # a command that follows a checkpoint location (sexpgpu evaluate --follow)
         "EXPERIMENT_FILE",
-        "check_position",
-        "compare_for_resume",
-        "compare_loads",
-        "load_checkpoint",
         "location_of",
-        "open_checkpoint",
         "parse_step_key",
         "read_experiment",
     ),
-    "sexpgpu.log": None,
-    # what a run is made of, for a plugin that builds one's parts itself (sexpgpu evaluate)
-    "sexpgpu.lang": ("compile_file",),
-    "sexpgpu.loading": ("Loads",),
+    # a storage backend
+    "sexpgpu.storage": None,
+    # a command: the catalog the CLI hands it, the one way to open work, its metrics
+    # and its signals
+    "sexpgpu.catalog": ("Catalog",),
+    "sexpgpu.session": None,
     "sexpgpu.metrics": ("MetricsStream", "open_sinks"),
-    "sexpgpu.run": ("DEFAULT_METRICS_DIR", "eval_runner", "lower_program", "open_data"),
     "sexpgpu.signals": ("StopWatch", "process_watch"),
 }
 """The core modules a plugin may import, each with the names it may take from it
@@ -89,30 +88,40 @@ class Trainer(Protocol):
     Optimizer states belong to a stage: entering a stage whose optimizer
     differs starts its states afresh.
 
-    A trainer that can train as one rank of several also has
-    ``use_group(group: RankGroup) -> None``, which the run calls once, before any
-    parameter is set, when it has more than one rank: ``propose`` then takes the
-    rank's part of the global batch and averages the gradients across the ranks
-    (the loss it reports is the mean over the ranks). It is optional, and outside
-    this protocol, so that a lowering for one device still satisfies it.
-
-    A trainer whose graphs compile may also have ``warm_up() -> float``: compile
-    every graph a run calls (losses with their backward, updates, eval passes)
-    now, on stand-ins, and return the seconds it took. ``sexpgpu run`` calls it
-    once, right after lowering and before any parameter is set; ``sexpgpu
-    evaluate`` never does, so only the eval graphs it runs compile (on their first
-    call). It is optional: without it a graph compiles, if at all, when first run.
-
-    Two more optional attributes: ``compile_seconds`` (a lowering that compiles
-    its graphs before the first step says how long it took, set by ``warm_up``;
-    ``run started`` logs it), and ``reads_loss_late`` (true when reading a
-    proposal's ``loss`` waits for the device: the run then reads each step's loss once the next
-    step is queued, or before anything else is said of that step, so a step's
-    metrics cost no host sync and the events keep their order).
+    Three abilities are optional, with defaults here that a trainer inherits by
+    subclassing this protocol: :meth:`use_group` (training as one rank of
+    several), :meth:`warm_up` (compiling before the first step) and
+    :attr:`reads_loss_late` (a loss that waits for the device).
     """
 
     choices: Mapping[str, str]
-    """Choice site -> implementation name, as made or as pinned."""
+    """What the lowering chose, as a checkpoint records it: each choice site's kernel
+    and whatever else it decided (its own names), as made or as pinned."""
+
+    reads_loss_late: bool = False
+    """True when reading a proposal's ``loss`` waits for the device: the run then
+    reads each step's loss once the next step is queued, or before anything else is
+    said of that step, so a step's metrics cost no host sync and the events keep
+    their order."""
+
+    def use_group(self, group: RankGroup) -> None:
+        """Train as one rank of ``group``: called once, before any parameter is set,
+        when a run has more than one rank. ``propose`` then takes the rank's part of
+        the global batch and averages the gradients across the ranks (the loss it
+        reports is the mean over the ranks). The default refuses: a trainer for one
+        device only."""
+        from sexpgpu.errors import PluginError
+
+        lowering = dict(self.choices).get("lowering", "this lowering")
+        raise PluginError(f"the lowering {lowering} cannot train on several devices; run it on one")
+
+    def warm_up(self) -> float | None:
+        """Compile every graph a run calls (losses with their backward, updates, eval
+        passes) now, on stand-ins, and return the seconds it took (``run started``
+        logs them). ``sexpgpu run`` calls it once, right after lowering and before any
+        parameter is set; ``sexpgpu evaluate`` never does. The default compiles
+        nothing and returns ``None``."""
+        return None
 
     def init_params(self) -> None:
         """Initialise every parameter from the run's seed (``(seed, "init", path)``)."""
@@ -194,27 +203,34 @@ class RankGroup(Protocol):
         """Leave the group (after the last collective)."""
 
 
+@dataclass(frozen=True)
+class Supplies:
+    """What the catalog supplies a lowering with: every available kernel, every
+    available optimizer by name, and the new ops plugins supply (each with its
+    implementations by lowering; see :func:`sexpgpu.lang.ops.implementation_of`)."""
+
+    kernels: Sequence[KernelInfo] = ()
+    optimizers: Mapping[str, OptimizerInfo] = field(default_factory=dict)
+    ops: Sequence[OpInfo] = ()
+
+
 class Lowering(Protocol):
     """Compiles a checked :class:`sexpgpu.graph.Program` for one device kind."""
 
     def lower(
-        self,
-        program: Program,
-        *,
-        device: str,
-        kernels: Sequence[KernelInfo],
-        optimizers: Mapping[str, OptimizerInfo],
-        pinned: Mapping[str, str] | None,
+        self, program: Program, *, device: str, supplies: Supplies, choices: Choices
     ) -> Trainer:
         """Build a :class:`Trainer` for ``program`` on ``device`` (``cpu``, ``cuda``, ``cuda:1``).
 
-        ``kernels`` are every available kernel; the lowering picks one per choice
-        site with :func:`sexpgpu.kernels.choose_kernels` (the one rule for every
-        lowering), which takes ``pinned[site]`` when given and raises
-        :class:`sexpgpu.errors.CheckpointError` ``E-CHOICE-001`` when a pinned
-        choice cannot be taken here. ``pinned`` also carries the kernels the user
-        asked for (``sexpgpu run --choose``; a :class:`sexpgpu.kernels.Pins`): pass
-        it to ``choose_kernels`` as it came, and they are taken and checked.
+        The lowering picks a kernel per choice site among ``supplies.kernels`` with
+        :func:`sexpgpu.kernels.choose_kernels` (the one rule for every lowering),
+        which takes the kernels ``choices`` pins (a resume's record, the user's
+        ``--choose``) and raises :class:`sexpgpu.errors.CheckpointError`
+        ``E-CHOICE-001`` for a recorded one it cannot take here. It takes every
+        other choice it records the same way: ``choices.pin(name)`` is the value a
+        resume recorded or the user asked for (``None``: its own rule), and a pinned
+        value it cannot take is ``E-CHOICE-001``
+        (:func:`sexpgpu.choices.cannot_take`).
         """
 
 
@@ -239,6 +255,11 @@ class LoweringInfo:
     ``torchrun``) for a device (``cpu``, ``cuda``): the :class:`RankGroup`, or
     ``None`` when the process was not launched as one of several ranks. A lowering
     without it trains on one device only."""
+    environment: Callable[[Mapping[str, str]], Mapping[str, str]] | None = None
+    """The environment variables the lowering's libraries must start with to take
+    these pinned choices (``OMP_NUM_THREADS`` for a thread count): ``sexpgpu run``
+    sets them before anything imports those libraries, since some read their
+    settings only once, when they start. Must not import them."""
 
 
 # ---------------------------------------------------------------- kernels
@@ -455,6 +476,11 @@ class Storage(Protocol):
 
     def identity(self, key: str) -> ObjectIdentity:
         """The object's size and version."""
+
+
+Opener = Callable[[str], Storage]
+"""Opens a location by its URI with the backend that serves its scheme
+(:meth:`sexpgpu.catalog.Catalog.open_location`)."""
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ import numpy as np
 from sexpgpu.errors import Pos, SexpError, SourceError, StorageError
 
 if TYPE_CHECKING:
-    from sexpgpu.extension import ObjectIdentity, Storage
+    from sexpgpu.extension import ObjectIdentity, Opener, Storage
     from sexpgpu.graph import ParamDecl, Program
 
 E_CHANGED = "E-LOAD-001"
@@ -118,10 +118,8 @@ def split_uri(uri: str) -> tuple[str, str]:
     return folder, name
 
 
-def open_storage(uri: str) -> tuple[Storage, str]:
+def open_storage(uri: str, open_location: Opener) -> tuple[Storage, str]:
     """The storage location holding ``uri`` and the file's key in it."""
-    from sexpgpu.storage import open_location
-
     folder, key = split_uri(uri)
     return open_location(folder), key
 
@@ -193,8 +191,9 @@ class Loads:
     and each file's identity once (:meth:`identities`).
     """
 
-    def __init__(self, params: Iterable[ParamDecl]) -> None:
+    def __init__(self, params: Iterable[ParamDecl], open_location: Opener) -> None:
         self.params = [p for p in params if p.load is not None]
+        self._open_location = open_location
         self._files: dict[str, SafetensorsFile] = {}
         self._indexes: dict[str, dict[str, str]] = {}
         self._identities: dict[str, ObjectIdentity] = {}
@@ -203,9 +202,10 @@ class Loads:
         self.sources: dict[str, Source] = {}
 
     @classmethod
-    def of(cls, program: Program) -> Loads:
-        """The ``:load`` parameters of ``program``."""
-        return cls(program.params)
+    def of(cls, program: Program, open_location: Opener) -> Loads:
+        """The ``:load`` parameters of ``program``, their files opened with
+        ``open_location`` (:meth:`sexpgpu.catalog.Catalog.open_location`)."""
+        return cls(program.params, open_location)
 
     def __bool__(self) -> bool:
         return bool(self.params)
@@ -247,7 +247,7 @@ class Loads:
     def _index(self, uri: str, pos: Pos) -> dict[str, str]:
         if uri not in self._indexes:
             with _at(pos):
-                storage, key = open_storage(uri)
+                storage, key = open_storage(uri, self._open_location)
                 try:
                     index = json.loads(storage.read(key))
                     weight_map = index["weight_map"]
@@ -267,7 +267,7 @@ class Loads:
     def _file(self, uri: str, pos: Pos) -> SafetensorsFile:
         if uri not in self._files:
             with _at(pos):
-                storage, key = open_storage(uri)
+                storage, key = open_storage(uri, self._open_location)
                 self._files[uri] = read_header(storage, key, uri)
         return self._files[uri]
 

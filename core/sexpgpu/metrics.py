@@ -23,10 +23,13 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sexpgpu.errors import RunError, SexpError
 from sexpgpu.extension import MetricsSink, MetricsSinkInfo
+
+if TYPE_CHECKING:
+    from sexpgpu.catalog import Catalog
 
 __all__ = [
     "EVENT_KINDS",
@@ -57,26 +60,20 @@ def new_slug(file_stem: str) -> str:
     return f"{stem}-{secrets.token_hex(3)}"
 
 
-def open_sinks(names: Sequence[str], metrics_dir: str, slug: str) -> list[MetricsSink]:
+def open_sinks(
+    names: Sequence[str], metrics_dir: str, slug: str, catalog: Catalog
+) -> list[MetricsSink]:
     """Open the sinks named by ``--metrics-sink`` for experiment ``slug``.
 
-    Each name is looked up in the ``sexpgpu_metrics_sinks`` hook (a name given
-    twice opens once). Raises :class:`sexpgpu.errors.PluginError` for a name no
+    Each name is looked up in ``catalog`` (a name given twice opens once). Raises :class:`sexpgpu.errors.PluginError` for a name no
     available plugin supplies, with the install hint when an unavailable one
     does, and :class:`sexpgpu.errors.RunError` when a sink cannot be opened; the
     sinks opened before the failing one are closed again.
     """
-    from sexpgpu.plugins import get_plugins
-
-    plugins = get_plugins()
     opened: list[MetricsSink] = []
     try:
         for name in dict.fromkeys(names):
-            info: MetricsSinkInfo = plugins.require(
-                "sexpgpu_metrics_sinks",
-                f"the metrics sink '{name}'",
-                lambda i, name=name: i.name == name,
-            )
+            info: MetricsSinkInfo = catalog.metrics_sink(name)
             try:
                 opened.append(info.factory(metrics_dir, slug))
             except SexpError:

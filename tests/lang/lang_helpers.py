@@ -7,13 +7,55 @@ import subprocess
 import sys
 from pathlib import Path
 
+from sexpgpu import lang
+from sexpgpu.catalog import Catalog
 from sexpgpu.graph import Program, TensorType
-from sexpgpu.lang import compile_text
 
 HERE = Path(__file__).parent
 FAKE = HERE / "fakeplugin"
 ROOT = HERE.parent.parent
 EXAMPLES = ROOT / "examples"
+
+
+def _fake_plugin():
+    sys.path.insert(0, str(FAKE))
+    try:
+        import sexpgpu_lang_fake
+    finally:
+        sys.path.remove(str(FAKE))
+    return sexpgpu_lang_fake
+
+
+def _catalog() -> Catalog:
+    import sexpgpu_eval
+    import sexpgpu_gcs
+    import sexpgpu_local
+    import sexpgpu_s3
+
+    return Catalog.of(
+        {
+            "lang-fake": _fake_plugin(),
+            "eval": sexpgpu_eval,
+            "local": sexpgpu_local,
+            "s3": sexpgpu_s3,
+            "gcs": sexpgpu_gcs,
+        }
+    )
+
+
+CATALOG = _catalog()
+"""What the language tests compile against: the fake plugin's data sources and
+optimizers, and the project's own eval passes and storage schemes."""
+
+
+def compile_text(text: str, name: str = "main.sx", **kw) -> Program:
+    """:func:`sexpgpu.lang.compile_text` against :data:`CATALOG`."""
+    return lang.compile_text(text, name, catalog=CATALOG, **kw)
+
+
+def compile_file(path: str, **kw) -> Program:
+    """:func:`sexpgpu.lang.compile_file` against :data:`CATALOG`."""
+    return lang.compile_file(path, catalog=CATALOG, **kw)
 
 
 def cli_env() -> dict[str, str]:

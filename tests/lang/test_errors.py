@@ -6,7 +6,7 @@ import pytest
 from lang_helpers import BASE, RUN
 
 from sexpgpu.errors import SexpError, SourceError
-from sexpgpu.lang import compile_text
+from lang_helpers import compile_text
 
 
 def _error(text: str) -> str:
@@ -277,7 +277,7 @@ def test_errors_are_one_line_and_always_positioned():
 
 
 def test_a_missing_main_file(tmp_path):
-    from sexpgpu.lang import compile_file
+    from lang_helpers import compile_file
 
     with pytest.raises(SourceError, match=r"cannot read .*nope\.sx: No such file"):
         compile_file(str(tmp_path / "nope.sx"))

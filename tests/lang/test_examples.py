@@ -7,7 +7,7 @@ import math
 import pytest
 from lang_helpers import EXAMPLES
 
-from sexpgpu.lang import compile_file
+from lang_helpers import compile_file
 
 
 @pytest.mark.parametrize("name", ["my-run.sx", "tiny-lm.sx", "cnn.sx"])

@@ -10,7 +10,8 @@ from lang_helpers import BASE, RUN, program
 
 from sexpgpu.errors import Pos, SourceError
 from sexpgpu.graph import Init, LoadSpec, Schedule, TensorType
-from sexpgpu.lang import compile_file, compile_text, core_source
+from lang_helpers import compile_file, compile_text
+from sexpgpu.lang import core_source
 
 
 def test_minimal_run():

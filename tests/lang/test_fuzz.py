@@ -9,7 +9,7 @@ from lang_helpers import EXAMPLES
 
 from sexpgpu.errors import SexpError, SourceError
 from sexpgpu.graph import Program
-from sexpgpu.lang import compile_text
+from lang_helpers import compile_text
 from sexpgpu.lang.reader import read
 
 TEXTS = {p.name: p.read_text() for p in sorted(EXAMPLES.glob("*.sx"))}

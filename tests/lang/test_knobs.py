@@ -7,7 +7,7 @@ from lang_helpers import RUN
 
 from sexpgpu.errors import SourceError, UsageError
 from sexpgpu.graph import Knob
-from sexpgpu.lang import compile_text
+from lang_helpers import compile_text
 
 TEXT = """
 (defknob lr 0.5 "learning rate")

@@ -7,7 +7,7 @@ from lang_helpers import model_output
 
 from sexpgpu.errors import Pos, SourceError
 from sexpgpu.graph import TensorType
-from sexpgpu.lang import compile_text
+from lang_helpers import compile_text
 from sexpgpu.lang.ops import infer
 
 P = Pos("t.sx", 1, 1)

@@ -10,13 +10,16 @@ from typing import Any
 
 import click
 
+from sexpgpu_cli.group import catalog
 from sexpgpu_cli.options import parse_sets
 
 
 def _compile(file: str, sets: tuple[str, ...], variant: str | None, steps: int | None):
     from sexpgpu.lang import compile_file
 
-    return compile_file(file, sets=parse_sets(sets), variant=variant, steps=steps)
+    return compile_file(
+        file, catalog=catalog(), sets=parse_sets(sets), variant=variant, steps=steps
+    )
 
 
 def _selection(f):
@@ -40,7 +43,7 @@ def check(file: str, sets: tuple[str, ...], variant: str | None, steps: int | No
     from sexpgpu.loading import Loads
 
     program = _compile(file, sets, variant, steps)
-    Loads.of(program).check()
+    Loads.of(program, catalog().open_location).check()
     rows = [
         (
             p.path,
@@ -72,11 +75,8 @@ def _site_lines(program: Any) -> list[str]:
     """The choice sites by kind, each kind with the available kernels of that kind:
     what ``sexpgpu run --choose`` can name."""
     from sexpgpu.kernels import rank
-    from sexpgpu.plugins import get_plugins
 
-    kernels = sorted(
-        get_plugins().available("sexpgpu_kernels"), key=lambda k: (k.lowering, rank(k))
-    )
+    kernels = sorted(catalog().kernels(), key=lambda k: (k.lowering, rank(k)))
     deterministic = program.run.deterministic
     lines = [
         "choice sites (sexpgpu run --choose SITE=KERNEL, or KIND=KERNEL for all of a kind; "

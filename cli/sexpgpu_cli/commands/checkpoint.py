@@ -46,7 +46,9 @@ def checkpoint(location: str) -> None:
     from sexpgpu.checkpoint.find import has_checkpoint
     from sexpgpu.errors import CheckpointError
 
-    storage, key = open_checkpoint(location)
+    from sexpgpu_cli.group import catalog
+
+    storage, key = open_checkpoint(location, catalog().open_location)
     if not key and not has_checkpoint(storage):
         entries = list_checkpoints(storage)
         if entries:

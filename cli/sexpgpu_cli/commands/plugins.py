@@ -25,9 +25,9 @@ DETAILS: dict[str, Callable[[Any], str]] = {
 @click.option("--json", "as_json", is_flag=True, help="One JSON array, for machines.")
 def plugins(as_json: bool) -> None:
     """List installed plugins, what each supplies, whether each is available, and conflicts."""
-    from sexpgpu.plugins import get_plugins
+    from sexpgpu_cli.group import catalog
 
-    loaded = get_plugins()
+    loaded = catalog()
     # asked first: a hook that raises here makes its plugin unavailable, which
     # the records below must already say
     supplies = {record.name: loaded.supplies(record) for record in loaded.records}

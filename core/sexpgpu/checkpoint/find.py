@@ -17,7 +17,7 @@ from sexpgpu.checkpoint.keys import (
 from sexpgpu.errors import CheckpointError, StorageError, UsageError
 
 if TYPE_CHECKING:
-    from sexpgpu.extension import Storage
+    from sexpgpu.extension import Opener, Storage
 
 
 def steps_of(storage: Storage) -> list[tuple[int, str]]:
@@ -56,16 +56,17 @@ def find_latest(storage: Storage) -> str | None:
     return None
 
 
-def open_checkpoint(location: str) -> tuple[Storage, str]:
+def open_checkpoint(location: str, open_location: Opener) -> tuple[Storage, str]:
     """Open a checkpoint named by its location (``/tmp/run/step-00000004``,
-    ``s3://bucket/prefix/step-00000004``) as (storage of its parent, key).
+    ``s3://bucket/prefix/step-00000004``) as (storage of its parent, key), with
+    ``open_location`` (:meth:`sexpgpu.catalog.Catalog.open_location`).
 
     A location whose last part is not ``step-<n>`` (a copied checkpoint, or a
     checkpoint location to list) is opened itself, with the key ``""``;
     ``<location>/latest`` is the newest complete ``step-<n>`` under it, found by
     listing. Nothing else is read yet.
     """
-    from sexpgpu.storage import open_location, scheme_of
+    from sexpgpu.storage import scheme_of
 
     text = location.strip()
     trimmed = text.rstrip("/") or text
@@ -88,15 +89,15 @@ def open_checkpoint(location: str) -> tuple[Storage, str]:
     return open_location(parent), name
 
 
-def resolve_resume(value: str, checkpoint_dir: str | None) -> tuple[Storage, str] | None:
+def resolve_resume(
+    value: str, checkpoint_dir: str | None, open_location: Opener
+) -> tuple[Storage, str] | None:
     """What ``--resume value`` resumes from: (storage, key), or ``None`` for a fresh start.
 
     ``latest`` takes the highest complete step under ``checkpoint_dir`` (an error
     without one; ``None`` when there is none yet). Any other value is a
     checkpoint's location, which must hold a complete checkpoint.
     """
-    from sexpgpu.storage import open_location
-
     if value.strip() == "latest":
         if not checkpoint_dir:
             raise UsageError(
@@ -107,7 +108,7 @@ def resolve_resume(value: str, checkpoint_dir: str | None) -> tuple[Storage, str
         storage = open_location(checkpoint_dir)
         key = find_latest(storage)
         return None if key is None else (storage, key)
-    storage, key = open_checkpoint(value)
+    storage, key = open_checkpoint(value, open_location)
     require_complete(storage, key)
     return storage, key
 

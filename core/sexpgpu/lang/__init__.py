@@ -1,9 +1,10 @@
 """The .sx language: reader, forms, the <core> prelude, shape checking and the compiler.
 
 Two entry points: :func:`compile_file` for a file on disk and :func:`compile_text`
-for text in hand (tests, tools). Both return a checked
-:class:`sexpgpu.graph.Program` or raise a :class:`sexpgpu.errors.SexpError`.
-Nothing here imports torch.
+for text in hand (tests, tools). Both take the :class:`sexpgpu.catalog.Catalog` of
+what plugins supply (data sources, optimizers, ops, eval metrics, storage schemes),
+and return a checked :class:`sexpgpu.graph.Program` or raise a
+:class:`sexpgpu.errors.SexpError`. Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -13,10 +14,13 @@ import sys
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from sexpgpu.errors import SourceError
 from sexpgpu.graph import Program
+
+if TYPE_CHECKING:
+    from sexpgpu.catalog import Catalog
 
 __all__ = ["compile_file", "compile_text", "core_source"]
 
@@ -38,6 +42,7 @@ def core_source() -> bytes:
 def compile_file(
     path: str,
     *,
+    catalog: Catalog,
     sets: Mapping[str, str] | None = None,
     variant: str | None = None,
     steps: int | None = None,
@@ -58,19 +63,20 @@ def compile_file(
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise SourceError(f"cannot read {path}: {reason}") from None
-    return _compile(text, data, path, os.path.realpath(path), sets, variant, steps)
+    return _compile(text, data, path, os.path.realpath(path), catalog, sets, variant, steps)
 
 
 def compile_text(
     text: str,
     name: str = "main.sx",
     *,
+    catalog: Catalog,
     sets: Mapping[str, str] | None = None,
     variant: str | None = None,
     steps: int | None = None,
 ) -> Program:
     """Compile ``text`` as if it were the file ``name`` (includes resolve from its folder)."""
-    return _compile(text, text.encode("utf-8"), name, None, sets, variant, steps)
+    return _compile(text, text.encode("utf-8"), name, None, catalog, sets, variant, steps)
 
 
 def _compile(
@@ -78,13 +84,14 @@ def _compile(
     data: bytes,
     file: str,
     resolved: str | None,
+    catalog: Catalog,
     sets: Mapping[str, str] | None,
     variant: str | None,
     steps: int | None,
 ) -> Program:
     from sexpgpu.lang.compiler import CORE_NAME, Compiler
 
-    comp = Compiler(file, os.path.dirname(file) or ".")
+    comp = Compiler(file, os.path.dirname(file) or ".", catalog)
     core = core_source()
 
     def compile_all() -> Program:

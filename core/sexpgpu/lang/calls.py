@@ -185,8 +185,8 @@ def compile_call(c: OpCall) -> Any:
 class PluginOps:
     """The ops plugins supply, looked up by surface name on first use."""
 
-    def __init__(self, plugins: Callable[[], Any]) -> None:
-        self._plugins = plugins
+    def __init__(self, catalog: Any) -> None:
+        self._catalog = catalog
         self._found: dict[str, OpSpec] = {}
 
     def find(self, name: str, pos: Pos) -> OpSpec | None:
@@ -195,7 +195,7 @@ class PluginOps:
         two plugins supply it."""
         if name in self._found:
             return self._found[name]
-        plugins = self._plugins()
+        plugins = self._catalog
         offers = [(i, r) for i, r in plugins.supplied(OPS_HOOK) if _offers(i, name)]
         if not offers:
             return None
@@ -218,14 +218,14 @@ class PluginOps:
         """The surface names of the ops available plugins supply (for suggestions)."""
         return [
             s
-            for info, record in self._plugins().supplied(OPS_HOOK)
+            for info, record in self._catalog.supplied(OPS_HOOK)
             if record.available and _offers(info, None)
             for s in info.spec.surfaces
         ]
 
     def hint(self) -> str:
         """What to add to "unknown op" when disabled plugins might have supplied it."""
-        disabled = [r.name for r in self._plugins().records if r.disabled]
+        disabled = [r.name for r in self._catalog.records if r.disabled]
         if not disabled:
             return ""
         return (

@@ -39,7 +39,8 @@ __all__ = ["CORE_NAME", "MAX_REPEAT", "Compiler"]
 class Compiler(FormsMixin, StaticMixin, LayersMixin, ExprMixin, RunsMixin):
     """One compilation: sources, definitions, knobs, and the program being built."""
 
-    def __init__(self, main_file: str, base_dir: str):
+    def __init__(self, main_file: str, base_dir: str, catalog: Any):
+        self.catalog = catalog
         self.main_file = main_file
         self.base_dir = base_dir
         self.sources: list[g.Source] = []
@@ -56,8 +57,7 @@ class Compiler(FormsMixin, StaticMixin, LayersMixin, ExprMixin, RunsMixin):
         self.dropout_keys: dict[tuple, int] = {}
         self.params: list[g.ParamDecl] = []
         self.stage_losses: list[Any] = []
-        self._plugins: Any = None
-        self.plugin_ops = PluginOps(self.plugins)
+        self.plugin_ops = PluginOps(catalog)
 
     def infer(
         self, op: str, args: Sequence[g.TensorType], attrs: Mapping[str, Any], pos: Pos

@@ -56,12 +56,9 @@ class RunsMixin:
     """The compiler's reading of ``defrun`` and what it names."""
 
     def plugins(self) -> Any:
-        """The loaded plugins (asked for data sources, optimizers, ops and storage schemes)."""
-        if self._plugins is None:
-            from sexpgpu.plugins import get_plugins
-
-            self._plugins = get_plugins()
-        return self._plugins
+        """The catalog compiled against (asked for data sources, optimizers, ops and
+        storage schemes)."""
+        return self.catalog
 
     def _descriptor(self, hook: str, what: str, name: str, pos: Pos) -> Any:
         plugins = self.plugins()
@@ -534,13 +531,9 @@ class RunsMixin:
         """The eval metrics plugins supply, by name; an error when no plugin can run a pass."""
         plugins = self.plugins()
         if not plugins.available("sexpgpu_evaluators"):
-            record = plugins.record("eval")
-            why = (
-                f"the plugin 'eval' that supplies them is unavailable: {record.reason}"
-                if record is not None and not record.available
-                else "no installed plugin supplies them (the plugin 'eval' of sexpgpu does)"
+            raise SourceError(
+                f"eval passes (:evals) cannot run: {_no_evaluator(plugins)}", code=E_NO_EVAL, pos=pos
             )
-            raise SourceError(f"eval passes (:evals) cannot run: {why}", code=E_NO_EVAL, pos=pos)
         return {info.name: info for info in plugins.available("sexpgpu_eval_metrics")}
 
     def metric_value(self, info: Any, pos: Pos, data: g.DataDecl, loss_node: Any, ctx: Ctx) -> T:
@@ -575,3 +568,19 @@ class RunsMixin:
             bound["logits"] = logits
         local = Ctx(ctx.b, None, bound, ctx.fields, ctx.roots)
         return self.scalar(forms[0], f"the metric {info.name}", local)
+
+
+def _no_evaluator(catalog: Any) -> str:
+    """Why no plugin runs eval passes: the one that would is unavailable (its reason),
+    or disabled, or none is installed."""
+    unavailable = [r for _, r in catalog.supplied("sexpgpu_evaluators") if not r.available]
+    if unavailable:
+        record = unavailable[0]
+        return f"the plugin '{record.name}' that supplies them is unavailable: {record.reason}"
+    disabled = [r.name for r in catalog.records if r.disabled]
+    if disabled:
+        return (
+            "no available plugin supplies them, and SEXPGPU_DISABLE_PLUGINS disables "
+            f"{listing(disabled)}"
+        )
+    return "no installed plugin supplies them (see `sexpgpu plugins`)"

@@ -3,32 +3,26 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from sexpgpu.errors import PluginError, Pos
 
-OPS_HOOK = "sexpgpu_ops"
 NO_IMPLEMENTATION = "E-OP-001"
 
 
 def implementation_of(
-    op: str, plugin: str | None, lowering: str, pos: Pos | None = None
+    op: str, plugin: str | None, lowering: str, ops: Sequence[Any], pos: Pos | None = None
 ) -> Callable[[], Any]:
-    """The factory of ``lowering``'s implementation of op ``op`` from ``plugin``.
+    """The factory of ``lowering``'s implementation of op ``op`` among ``ops`` (the
+    :class:`sexpgpu.extension.OpInfo` of new ops, ``Supplies.ops``).
 
     A lowering calls this for a node whose op it does not know (a plugin op
     records its plugin in ``node.attrs["plugin"]``). Raises
     :class:`sexpgpu.errors.PluginError` ``E-OP-001`` naming the op, the plugin
-    and the lowering when that plugin gives no implementation for it.
+    and the lowering when no implementation for it is supplied.
     """
-    from sexpgpu.plugins import get_plugins
-
-    offered = [
-        info
-        for info, record in get_plugins().supplied(OPS_HOOK)
-        if record.name == plugin and record.available and _named(info, op)
-    ]
+    offered = [info for info in ops if _named(info, op)]
     for info in offered:
         factory = dict(info.implementations).get(lowering)
         if factory is not None:

@@ -1,11 +1,17 @@
-"""Finding, loading and asking plugins.
+"""The catalog: what the installed plugins supply, found once and handed to whatever needs it.
 
-Plugins are the modules named by entry points in the group ``sexpgpu``. Our own
-built-in plugins are found the same way. A plugin that fails to import is kept
-as a record with its reason, so ``sexpgpu plugins`` can say why, and nothing
-that does not need it breaks. Two plugins supplying the same thing is a
-conflict: the contested thing is refused (``E-PLUGIN-001``), never given to
-whichever loaded first (see :mod:`sexpgpu.plugin_supplies`).
+Plugins are the modules named by entry points in the group ``sexpgpu``; our own
+built-in plugins are found the same way. :meth:`Catalog.load` finds and loads
+them; :meth:`Catalog.of` builds a catalog from plugin modules in hand (a test, a
+tool), with no entry point installed. This is the only module that builds
+pluggy's manager: the compiler, the session, storage and metrics are given a
+catalog, never fetch one.
+
+A plugin that fails to import is kept as a record with its reason, so ``sexpgpu
+plugins`` can say why, and nothing that does not need it breaks. Two plugins
+supplying the same thing is a conflict: the contested thing is refused
+(``E-PLUGIN-001``), never given to whichever loaded first (see
+:mod:`sexpgpu.plugin_supplies`).
 
 Environment variables: ``SEXPGPU_DISABLE_PLUGINS=a,b`` skips plugins by
 entry-point name; ``SEXPGPU_DISABLE_DISTRIBUTIONS=x,y`` skips every plugin of
@@ -19,20 +25,20 @@ import importlib
 import inspect
 import os
 import re
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 
-from sexpgpu import hookspecs
-from sexpgpu.errors import PluginError
-from sexpgpu.extension import module_missing  # noqa: F401 - kept importable from here
+from sexpgpu import __version__, hookspecs
+from sexpgpu.errors import PluginError, StorageError
 from sexpgpu.plugin_supplies import (
     COMMANDS_HOOK,
     DISABLE_PLUGINS,
+    PROJECT_DISTRIBUTION,
     SUPPLIES,
     Conflict,
     contested_keys,
@@ -43,6 +49,21 @@ from sexpgpu.plugin_supplies import (
     refusing,
     traceback_text,
 )
+
+if TYPE_CHECKING:
+    from sexpgpu.extension import (
+        DataSourceInfo,
+        EvalMetricInfo,
+        EvaluatorInfo,
+        KernelInfo,
+        LoweringInfo,
+        MetricsSinkInfo,
+        OpInfo,
+        OptimizerInfo,
+        Storage,
+    )
+
+__all__ = ["ENTRY_POINT_GROUP", "HOOK_NAMES", "Catalog", "PluginRecord"]
 
 ENTRY_POINT_GROUP = "sexpgpu"
 DISABLE_DISTRIBUTIONS = "SEXPGPU_DISABLE_DISTRIBUTIONS"
@@ -65,7 +86,7 @@ class PluginRecord:
     available: bool = True
     reason: str | None = None
     disabled: bool = False
-    plugin: ModuleType | None = None
+    plugin: Any = None
     warnings: list[str] = field(default_factory=list)
     """Mistakes that do not stop the plugin (a misspelled hook), one line each."""
     traceback: str | None = None
@@ -77,6 +98,11 @@ class PluginRecord:
     def where(self) -> str:
         """``distribution version``, as messages name a plugin's origin."""
         return f"{self.distribution} {self.version}"
+
+    @property
+    def ours(self) -> bool:
+        """Whether the plugin is one of sexpgpu's own (its distribution is the project's)."""
+        return _normalized(self.distribution) == PROJECT_DISTRIBUTION
 
     def as_json(self) -> dict[str, Any]:
         """The record as ``sexpgpu plugins --json`` prints it (without what it supplies)."""
@@ -94,25 +120,58 @@ class PluginRecord:
         }
 
 
-class Plugins:
-    """The loaded plugins and a typed way to ask them for things."""
+class Catalog:
+    """The loaded plugins and what they supply, asked for by hook.
+
+    Build one with :meth:`load` (entry points) or :meth:`of` (modules in hand). Each
+    supplying hook is asked once, when first needed, and its answer kept: the
+    descriptors are cheap, and asking again would only repeat the same answer.
+    """
 
     def __init__(self) -> None:
-        self.manager = pluggy.PluginManager(hookspecs.PROJECT)
-        self.manager.add_hookspecs(hookspecs)
+        self._manager = pluggy.PluginManager(hookspecs.PROJECT)
+        self._manager.add_hookspecs(hookspecs)
         self.records: list[PluginRecord] = []
+        """Every plugin found, in load order (by entry-point name)."""
         self.warnings: list[str] = []
         """Mistakes in the environment (a disabled name that matches nothing)."""
         self.command_conflicts: list[Conflict] = []
-        self.tracing = os.environ.get(TRACE_PLUGINS, "").strip() not in ("", "0")
+        self._supplied: dict[str, list[tuple[Any, PluginRecord]]] = {}
+        self._failed: set[tuple[str, str]] = set()  # (plugin, hook) whose hook raised
         self._warned = False
-        if self.tracing:
+        self._tracing = os.environ.get(TRACE_PLUGINS, "").strip() not in ("", "0")
+        if self._tracing:
             self._trace()
-        self._load()
 
-    # -- loading
+    # -- building
 
-    def _load(self) -> None:
+    @classmethod
+    def load(cls) -> Catalog:
+        """The plugins the entry-point group ``sexpgpu`` names, as the environment
+        variables of this module's docstring allow."""
+        importlib.invalidate_caches()  # a plugin installed since the last look is found
+        catalog = cls()
+        catalog._load_entry_points()
+        return catalog
+
+    @classmethod
+    def of(cls, plugins: Mapping[str, Any], *, distribution: str = PROJECT_DISTRIBUTION) -> Catalog:
+        """A catalog of ``plugins`` (name -> a module or object with ``@hookimpl``
+        functions), registered as entry points would be, and nothing else."""
+        catalog = cls()
+        for name in sorted(plugins):
+            plugin = plugins[name]
+            record = PluginRecord(
+                name=name,
+                module=getattr(plugin, "__name__", type(plugin).__name__),
+                distribution=distribution,
+                version=__version__ if distribution == PROJECT_DISTRIBUTION else "?",
+            )
+            catalog.records.append(record)
+            catalog._register(record, lambda plugin=plugin: plugin)
+        return catalog
+
+    def _load_entry_points(self) -> None:
         names = _listed(DISABLE_PLUGINS)
         distributions = {_normalized(d) for d in _listed(DISABLE_DISTRIBUTIONS)}
 
@@ -120,7 +179,7 @@ class Plugins:
             # by name; for a name two distributions register, one not disabled first
             return entry_point.name, _normalized(_distribution(entry_point)) in distributions
 
-        for entry_point in sorted(_entry_points(), key=order):
+        for entry_point in sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=order):
             dist = getattr(entry_point, "dist", None)
             record = PluginRecord(
                 name=entry_point.name,
@@ -150,22 +209,22 @@ class Plugins:
                 record.available, record.disabled = False, True
                 record.reason = f"disabled by {disabled_by[0]}"
                 continue
-            self._register(record, entry_point)
+            self._register(record, entry_point.load)
         # Only the plugin names warn: a distribution list is usually set by tooling
         # (the test suite) for processes whose sys.path may not hold them all.
         self._warn_unmatched(DISABLE_PLUGINS, names, [r.name for r in self.records])
 
-    def _register(self, record: PluginRecord, entry_point: metadata.EntryPoint) -> None:
+    def _register(self, record: PluginRecord, load: Callable[[], Any]) -> None:
         try:
-            plugin = entry_point.load()
-            self.manager.register(plugin, name=entry_point.name)
+            plugin = load()
+            self._manager.register(plugin, name=record.name)
         except Exception as exc:  # a broken plugin must never lock a user out
             self._fail(record, "failed to load", exc)
             return
         record.plugin = plugin
         implemented = {
             impl.function.__name__: caller.spec is not None
-            for caller in self.manager.get_hookcallers(plugin) or []
+            for caller in self._manager.get_hookcallers(plugin) or []
             for impl in caller.get_hookimpls()
             if impl.plugin is plugin
         }
@@ -184,7 +243,7 @@ class Plugins:
         """Mark ``record`` unavailable because of ``exc``, keeping its whole message."""
         record.available = False
         record.reason = f"{what}: {exception_text(exc)}"
-        if self.tracing:
+        if self._tracing:
             record.traceback = traceback_text(exc)
 
     def _warn_unmatched(self, variable: str, names: Collection[str], known: list[str]) -> None:
@@ -196,8 +255,8 @@ class Plugins:
             self.warnings.append(f"{variable} names '{name}', which is no installed plugin{hint}")
 
     def log_warnings(self) -> None:
-        """Log each warning about the environment once per process (the CLI calls
-        this after it has set up logging)."""
+        """Log each warning about the environment once (the CLI calls this after it has
+        set up logging)."""
         if self._warned:
             return
         self._warned = True
@@ -217,41 +276,44 @@ class Plugins:
         def before(hook_name: str, hook_impls: list, kwargs: dict) -> None:
             logger.info("hook call", hook=hook_name, plugins=[i.plugin_name for i in hook_impls])
 
-        def after(outcome, hook_name: str, hook_impls: list, kwargs: dict) -> None:
+        def after(outcome: Any, hook_name: str, hook_impls: list, kwargs: dict) -> None:
             logger.info("hook done", hook=hook_name)
 
-        self.manager.add_hookcall_monitoring(before, after)
+        self._manager.add_hookcall_monitoring(before, after)
 
     # -- asking
 
     def _ask(self, record: PluginRecord, hook: str, **kwargs: Any) -> list[Any]:
         """Call ``hook`` on one plugin only, through pluggy's relay (so argument
         matching and SEXPGPU_TRACE_PLUGINS apply); its non-None result in a list."""
-        others = [p for p in self.manager.get_plugins() if p is not record.plugin]
-        return self.manager.subset_hook_caller(hook, remove_plugins=others)(**kwargs)
+        others = [p for p in self._manager.get_plugins() if p is not record.plugin]
+        return self._manager.subset_hook_caller(hook, remove_plugins=others)(**kwargs)
 
     def record(self, name: str) -> PluginRecord | None:
         """The record of the plugin registered under ``name``, if any."""
         return next((r for r in self.records if r.name == name), None)
 
-    def supplied(self, hook: str) -> Iterator[tuple[Any, PluginRecord]]:
+    def supplied(self, hook: str) -> list[tuple[Any, PluginRecord]]:
         """Every descriptor that loaded plugins supply through ``hook``, with its plugin.
 
         Unavailable plugins are asked too (their descriptors are cheap), so that
         a lookup can say "this needs plugin X, which is unavailable because ..."
-        instead of "unknown".
+        instead of "unknown". A plugin whose hook raises becomes unavailable.
         """
-        for record in self.records:
-            if record.plugin is None:
-                continue
-            if hook not in record.hooks:
-                continue
-            try:
-                items = next(iter(self._ask(record, hook)), None) or []
-            except Exception as exc:  # one plugin's bug must not break every lookup
-                self._fail(record, f"{hook} failed", exc)
-                continue
-            yield from ((item, record) for item in items)
+        if hook not in self._supplied:
+            found: list[tuple[Any, PluginRecord]] = []
+            for record in self.records:
+                if record.plugin is None or hook not in record.hooks:
+                    continue
+                try:
+                    items = next(iter(self._ask(record, hook)), None) or []
+                except Exception as exc:  # one plugin's bug must not break every lookup
+                    self._fail(record, f"{hook} failed", exc)
+                    self._failed.add((record.name, hook))
+                    continue
+                found.extend((item, record) for item in items)
+            self._supplied[hook] = found
+        return list(self._supplied[hook])
 
     def _claims(self, hook: str) -> list[tuple[Any, PluginRecord]]:
         return [(item, record) for item, record in self.supplied(hook) if record.available]
@@ -259,7 +321,7 @@ class Plugins:
     def available(self, hook: str) -> list[Any]:
         """The descriptors supplied through ``hook`` by available plugins.
 
-        A descriptor two plugins both claim (see :func:`conflicts`) comes as a
+        A descriptor two plugins both claim (see :meth:`conflicts`) comes as a
         copy whose factories raise ``E-PLUGIN-001``: choosing among them still
         works, using the contested one fails with the conflict.
         """
@@ -307,10 +369,8 @@ class Plugins:
         for hook in SUPPLIES:
             if record.plugin is None or hook not in record.hooks:
                 continue
-            try:
-                items = next(iter(self._ask(record, hook)), None) or []
-            except Exception as exc:
-                self._fail(record, f"{hook} failed", exc)
+            items = [item for item, owner in self.supplied(hook) if owner is record]
+            if (record.name, hook) in self._failed:
                 continue
             described = [d for d in (describe(hook, item) for item in items) if d is not None]
             supplies[hook.removeprefix("sexpgpu_")] = described
@@ -320,9 +380,69 @@ class Plugins:
             ]
         return supplies
 
+    # -- what the core takes, typed
+
+    def lowerings(self) -> list[LoweringInfo]:
+        """Every available lowering."""
+        return self.available("sexpgpu_lowerings")
+
+    def kernels(self) -> list[KernelInfo]:
+        """Every available kernel."""
+        return self.available("sexpgpu_kernels")
+
+    def optimizers(self) -> dict[str, OptimizerInfo]:
+        """Every available optimizer, by name."""
+        return {info.name: info for info in self.available("sexpgpu_optimizers")}
+
+    def plugin_ops(self) -> list[OpInfo]:
+        """The new ops available plugins supply (not a lowering's implementation of a
+        built-in op)."""
+        from sexpgpu.lang.ops import BUILTINS
+
+        return [
+            info
+            for info in self.available("sexpgpu_ops")
+            if getattr(info, "spec", None) is not None and BUILTINS.get(info.spec.name) is None
+        ]
+
+    def data_source(self, name: str) -> DataSourceInfo:
+        """The data source ``name`` (a ``defdata``'s source)."""
+        return self.require(
+            "sexpgpu_data_sources", f"the data source '{name}'", lambda i: i.name == name
+        )
+
+    def evaluator(self) -> EvaluatorInfo:
+        """The eval-pass runner (one plugin supplies it)."""
+        return self.require("sexpgpu_evaluators", "eval passes (:evals)", lambda item: True)
+
+    def eval_metrics(self) -> dict[str, EvalMetricInfo]:
+        """Every available eval metric, by name."""
+        return {info.name: info for info in self.available("sexpgpu_eval_metrics")}
+
+    def metrics_sink(self, name: str) -> MetricsSinkInfo:
+        """The metrics sink ``name`` (``--metrics-sink``)."""
+        return self.require(
+            "sexpgpu_metrics_sinks", f"the metrics sink '{name}'", lambda i: i.name == name
+        )
+
+    def open_location(self, uri: str) -> Storage:
+        """Open ``uri`` with the storage backend that serves its scheme (a plain path
+        is ``file``); a :class:`PluginError` when no available plugin serves it."""
+        from sexpgpu.storage import scheme_of
+
+        if not uri:
+            raise StorageError("an empty checkpoint location was given")
+        scheme = scheme_of(uri)
+        backend = self.require(
+            "sexpgpu_storage_backends",
+            f"the location {uri} ({scheme}://)",
+            lambda info: scheme in info.schemes,
+        )
+        return backend.factory(uri)
+
     # -- the command line
 
-    def register_commands(self, cli: Any, reserved: Collection[str] = ()) -> None:
+    def add_commands(self, cli: Any, reserved: Collection[str] = ()) -> None:
         """Let every available plugin add its CLI subcommands to ``cli``.
 
         Each plugin adds its commands to a group of its own first, so that what
@@ -425,25 +545,3 @@ def _distribution(entry_point: metadata.EntryPoint) -> str:
 def _normalized(distribution: str) -> str:
     """A distribution name as packaging compares them (PEP 503)."""
     return re.sub(r"[-_.]+", "-", distribution).lower()
-
-
-def _entry_points() -> list[metadata.EntryPoint]:
-    return list(metadata.entry_points(group=ENTRY_POINT_GROUP))
-
-
-_plugins: Plugins | None = None
-
-
-def get_plugins() -> Plugins:
-    """The process-wide plugin set, loaded on first use."""
-    global _plugins
-    if _plugins is None:
-        _plugins = Plugins()
-    return _plugins
-
-
-def reset_plugins() -> None:
-    """Forget the loaded plugins (tests that change the environment use this)."""
-    global _plugins
-    _plugins = None
-    importlib.invalidate_caches()

@@ -1,0 +1,203 @@
+"""The choices a run makes, as one typed record: what the user asked for, what the
+checkpoint it continues recorded, and whether those are taken.
+
+A *choice* is anything a lowering decides that changes a run's bits: the kernel of
+each choice site (``attention:model.attn``), the lowering itself (``lowering``),
+and whatever else a lowering records (the CPU's thread count, the CUDA switches...).
+Its names are the lowering's; the core only keeps the rule: a resume takes
+(*pins*) the choices its checkpoint recorded unless ``--choices fresh``; the
+user's requests (``--choose``, ``--lowering``, or an option a front end maps to a
+choice, such as ``--threads``) are taken as pins too, and a request against a
+recorded choice that is pinned is ``E-CHOICE-001``: the user asked for two things
+at once. A lowering asks :meth:`Choices.pin` for each of its choices.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from sexpgpu.errors import CheckpointError, UsageError
+
+if TYPE_CHECKING:
+    from sexpgpu.graph import Program
+
+E_CHOICE = "E-CHOICE-001"
+"""A recorded choice that cannot be taken here, or a request against one."""
+
+LOWERING_CHOICE = "lowering"
+"""The recorded choice naming the lowering a run used (``torch``, ``compiled``)."""
+
+UNRECORDED_LOWERING = "torch"
+"""What a checkpoint that records no lowering ran on: the eager torch lowering, the
+only one there was before the choice was recorded."""
+
+FRESH_HINT = "use --choices fresh to choose again"
+
+CHOOSE = "--choose"
+
+
+@dataclass(frozen=True)
+class Choices:
+    """The choices a run is opened with (see the module docstring).
+
+    ``requested`` maps a choice to the value the user asked for and ``asked`` the
+    same choice to the words they used (``--choose attention=sdpa``), for messages;
+    ``recorded`` is the checkpoint's ``choices`` (empty on a fresh start), taken
+    when ``pinned``. Build one with :meth:`make`, which refuses a request against a
+    pinned recorded value.
+    """
+
+    requested: Mapping[str, str] = field(default_factory=dict)
+    asked: Mapping[str, str] = field(default_factory=dict)
+    recorded: Mapping[str, str] = field(default_factory=dict)
+    pinned: bool = True
+
+    @classmethod
+    def make(
+        cls,
+        *,
+        requested: Mapping[str, str] | None = None,
+        asked: Mapping[str, str] | None = None,
+        recorded: Mapping[str, str] | None = None,
+        fresh: bool = False,
+    ) -> Choices:
+        """The choices of a run; raises :class:`CheckpointError` ``E-CHOICE-001`` for a
+        request that differs from the value a pinned checkpoint recorded. A request
+        for the recorded value is the recorded pin, not a request."""
+        requested, asked = dict(requested or {}), dict(asked or {})
+        recorded = {str(k): str(v) for k, v in (recorded or {}).items()}
+        if not fresh:
+            for name in sorted(requested):
+                old = recorded.get(name)
+                if old is None:
+                    continue
+                if old != requested[name]:
+                    raise CheckpointError(
+                        f"the recorded choice '{old}' for {name} cannot be taken with "
+                        f"{asked.get(name, name)} ({FRESH_HINT})",
+                        code=E_CHOICE,
+                    )
+                del requested[name]
+                asked.pop(name, None)
+        return cls(requested=requested, asked=asked, recorded=recorded, pinned=not fresh)
+
+    def pin(self, name: str) -> str | None:
+        """The value a lowering must take for ``name``: the user's request, else the
+        pinned recorded value; ``None`` to choose by its own rule."""
+        if name in self.requested:
+            return self.requested[name]
+        return self.recorded.get(name) if self.pinned else None
+
+    def pins(self) -> dict[str, str]:
+        """Every value a lowering must take, by choice."""
+        return {**(self.recorded if self.pinned else {}), **self.requested}
+
+    def is_request(self, name: str) -> bool:
+        """Whether the value of ``name`` is the user's request (checked as one: it
+        must fit, and be deterministic in a deterministic run)."""
+        return name in self.requested
+
+    def words(self, name: str) -> str:
+        """The request for ``name`` as the user wrote it."""
+        return self.asked.get(name, f"{name}={self.requested.get(name)}")
+
+    def lowering(self) -> str | None:
+        """The lowering asked for or pinned, by name; ``None`` for the device's default."""
+        return self.pin(LOWERING_CHOICE)
+
+    def moved(self, made: Mapping[str, str]) -> list[str]:
+        """``choice <name> <old> -> <new>`` for each recorded choice ``made`` changed."""
+        old = with_lowering(self.recorded)
+        return [
+            f"choice {name} {old[name]} -> {value}"
+            for name, value in sorted(made.items())
+            if old.get(name, value) != value
+        ]
+
+
+def cannot_take(name: str, value: str, why: str) -> CheckpointError:
+    """``E-CHOICE-001`` for a pinned ``value`` of ``name`` that cannot be taken here."""
+    return CheckpointError(
+        f"the recorded choice '{value}' for {name} cannot be taken here: {why} ({FRESH_HINT})",
+        code=E_CHOICE,
+    )
+
+
+def with_lowering(recorded: Mapping[str, str]) -> dict[str, str]:
+    """A checkpoint's recorded choices with ``lowering`` as it ran: the eager one when
+    the checkpoint is older than the record."""
+    return {LOWERING_CHOICE: UNRECORDED_LOWERING, **recorded}
+
+
+# ---------------------------------------------------------------- --choose
+
+
+def parse_requests(values: Iterable[str]) -> dict[str, str]:
+    """``("attention=sdpa", "stack:model.blocks=looped")`` -> ``{target: kernel}``, as
+    ``--choose`` takes them; a target given twice takes its last kernel (as ``--set``).
+    Raises :class:`UsageError` for an item that is not ``SITE=KERNEL``."""
+    requests: dict[str, str] = {}
+    for item in values:
+        target, sep, kernel = item.partition("=")
+        if not sep or not target.strip() or not kernel.strip():
+            raise UsageError(f"{CHOOSE} takes SITE=KERNEL or KIND=KERNEL, got '{item}'")
+        requests[target.strip()] = kernel.strip()
+    return requests
+
+
+def requested_sites(
+    program: Program,
+    requests: Mapping[str, str],
+    other_options: Mapping[str, str] | None = None,
+) -> dict[str, tuple[str, str]]:
+    """``{site: (kernel, target)}`` for ``requests`` (``{target: kernel}``): a target
+    that is a kind names every site of that kind, and a site's full name wins over
+    its kind. Raises :class:`UsageError` for a target the program has neither as a
+    site nor as a kind; ``other_options`` (a recorded choice -> the option that sets
+    it, ``{"lowering": "--lowering"}``) turns that into a pointer to the option."""
+    names = {site.name for site in program.sites}
+    kinds = sorted({site.kind for site in program.sites})
+    for target, kernel in requests.items():
+        if target not in names and target not in kinds:
+            raise UsageError(_unknown_target(program, target, kernel, kinds, other_options))
+    wanted: dict[str, tuple[str, str]] = {}
+    for site in program.sites:
+        target = site.name if site.name in requests else site.kind
+        if target in requests:
+            wanted[site.name] = (requests[target], target)
+    return wanted
+
+
+def _unknown_target(
+    program: Program,
+    target: str,
+    kernel: str,
+    kinds: list[str],
+    other_options: Mapping[str, str] | None,
+) -> str:
+    asked = f"{CHOOSE} {target}={kernel}"
+    others = {LOWERING_CHOICE: "--lowering", **(other_options or {})}
+    if target in others:
+        return f"{asked}: {target} is not a kernel choice site; use {others[target]}"
+    sites = [site.name for site in program.sites]
+    near = difflib.get_close_matches(target, sites + kinds, n=1)
+    hint = f"did you mean '{near[0]}'? " if near else ""
+    listed = f"its sites: {', '.join(sites)}; kinds: {', '.join(kinds)}" if sites else "it has none"
+    return f"{asked}: the program has no choice site or kind '{target}' ({hint}{listed})"
+
+
+def kernel_requests(
+    program: Program,
+    requests: Mapping[str, str],
+    other_options: Mapping[str, str] | None = None,
+) -> tuple[dict[str, str], dict[str, str]]:
+    """``--choose`` requests as (``{site: kernel}``, ``{site: the words}``), ready for
+    :meth:`Choices.make`."""
+    wanted = requested_sites(program, requests, other_options)
+    return (
+        {site: kernel for site, (kernel, _) in wanted.items()},
+        {site: f"{CHOOSE} {target}={kernel}" for site, (kernel, target) in wanted.items()},
+    )
