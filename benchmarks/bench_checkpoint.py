@@ -38,7 +38,7 @@ def main() -> None:
     from safetensors.torch import save_file
 
     from sexpgpu import checkpoint as ckpt
-    from sexpgpu.storage import open_location
+    from sexpgpu.catalog import Catalog
 
     rng = np.random.default_rng(0)
     params = {
@@ -56,7 +56,7 @@ def main() -> None:
 
     root = tempfile.mkdtemp(prefix="sexpgpu-bench-", dir=args.dir)
     try:
-        storage = open_location(os.path.join(root, "ckpt"))
+        storage = Catalog.load().open_location(os.path.join(root, "ckpt"))
         baseline_path = os.path.join(root, "baseline.safetensors")
 
         def ours(arrays, step: int) -> None:

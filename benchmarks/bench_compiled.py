@@ -40,18 +40,20 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    from sexpgpu.lang import compile_file
-    from sexpgpu.run import lower_program, open_data
+    from sexpgpu.catalog import Catalog
     from sexpgpu.schedule import lr_at
+    from sexpgpu.session import Selection, Target, lower, open_loader
 
-    program = compile_file(str(EXAMPLE), sets=sets)
+    catalog = Catalog.load()
+    program = Selection(str(EXAMPLE), sets=sets).compile(catalog)
     started = time.perf_counter()
-    trainer = lower_program(program, device="cpu", lowering="compiled")
+    choices = Target(lowering="compiled").choices(program, None)
+    trainer = lower(program, catalog, device="cpu", choices=choices).trainer
     trainer.warm_up()  # as a run does: every graph compiled before the first step
     ours_compile = time.perf_counter() - started
     trainer.init_params()
     stage = program.stages[0]
-    _, loader = open_data(stage.data, program.run.seed)
+    _, loader = open_loader(catalog, stage.data, program.run.seed)
     warm = 5
     total = warm + args.steps * args.rounds
     batches = [loader.next_batch() for _ in range(total)]

@@ -126,14 +126,16 @@ def step_worker(program: Path, part: int, parts: int, steps: int) -> None:
     of ``parts`` of the global batch, on one thread: one process of the ceiling."""
     import torch
 
-    from sexpgpu.lang import compile_file
-    from sexpgpu.run import lower_program, open_data
+    from sexpgpu.catalog import Catalog
+    from sexpgpu.choices import Choices
+    from sexpgpu.session import Selection, lower, open_loader
 
     torch.set_num_threads(1)
-    program_ = compile_file(str(program), sets={"dim": "256", "layers": "4"})
-    trainer = lower_program(program_)
+    catalog = Catalog.load()
+    program_ = Selection(str(program), sets={"dim": "256", "layers": "4"}).compile(catalog)
+    trainer = lower(program_, catalog, device="cpu", choices=Choices()).trainer
     trainer.init_params()
-    batch = open_data(program_.stages[0].data, 1)[1].next_batch()
+    batch = open_loader(catalog, program_.stages[0].data, 1)[1].next_batch()
     share = len(next(iter(batch.values()))) // parts
     mine = {name: array[part * share : (part + 1) * share] for name, array in batch.items()}
     for step in range(1, steps + 1):

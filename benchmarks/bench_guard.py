@@ -13,19 +13,21 @@ import statistics
 import time
 from pathlib import Path
 
-from sexpgpu.lang import compile_file
-from sexpgpu.run import lower_program, open_data
+from sexpgpu.catalog import Catalog
+from sexpgpu.choices import Choices
 from sexpgpu.schedule import lr_at
+from sexpgpu.session import Selection, lower, open_loader
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "tiny-lm.sx"
 
 
 def build():
-    program = compile_file(str(EXAMPLE))
-    trainer = lower_program(program, device="cpu")
+    catalog = Catalog.load()
+    program = Selection(str(EXAMPLE)).compile(catalog)
+    trainer = lower(program, catalog, device="cpu", choices=Choices()).trainer
     trainer.init_params()
     stage = program.stages[0]
-    _, loader = open_data(stage.data, program.run.seed)
+    _, loader = open_loader(catalog, stage.data, program.run.seed)
     batches = [loader.next_batch() for _ in range(8)]
     return program, trainer, batches
 

@@ -47,6 +47,7 @@ if which == "baseline":
 else:
     from sexpgpu.errors import Pos
     from sexpgpu.graph import Init, LoadSpec, ParamDecl, Program, TensorType
+    from sexpgpu.catalog import Catalog
     from sexpgpu.loading import Loads
     from sexpgpu_torch.trainer import TorchTrainer
     decls = [
@@ -54,7 +55,7 @@ else:
                   LoadSpec(path, f"w{i}"), Pos("bench.sx", 1, 1))
         for i in range(count)
     ]
-    loads = Loads(decls)
+    loads = Loads(decls, Catalog.load().open_location)
     loads.check()
     loads.prefetch_identities()  # as a run does: the sha256 while the tensors are read
     trainer = TorchTrainer.__new__(TorchTrainer)  # only the parameter store is needed
@@ -157,6 +158,7 @@ def bucket(folder: Path) -> None:
         client.put_object(Bucket="bench", Key="m/half.safetensors", Body=path.read_bytes())
         proxy = CountingProxy(server.port).start()
         os.environ["AWS_ENDPOINT_URL_S3"] = proxy.url
+        from sexpgpu.catalog import Catalog
         from sexpgpu.errors import Pos
         from sexpgpu.graph import Init, LoadSpec, ParamDecl, TensorType
         from sexpgpu.loading import Loads
@@ -173,7 +175,7 @@ def bucket(folder: Path) -> None:
             )
             for i in range(0, 20, 2)
         ]
-        loads = Loads(decls)
+        loads = Loads(decls, Catalog.load().open_location)
         loads.check()
         loads.identities()
         values = loads.read()

@@ -172,23 +172,24 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    from sexpgpu.lang import compile_file
-    from sexpgpu.run import lower_program, open_data
+    from sexpgpu.catalog import Catalog
+    from sexpgpu.choices import Choices
     from sexpgpu.schedule import lr_at
+    from sexpgpu.session import Selection, lower, open_loader
 
     t_import = time.perf_counter() - t0
     t1 = time.perf_counter()
-    program = compile_file(str(EXAMPLE))
+    catalog = Catalog.load()
+    program = Selection(str(EXAMPLE)).compile(catalog)
     t2 = time.perf_counter()
-    trainer = lower_program(
-        program, device="cpu", pinned={"attention:model.blocks.attn": args.attention}
-    )
+    pinned = Choices(recorded={"attention:model.blocks.attn": args.attention})
+    trainer = lower(program, catalog, device="cpu", choices=pinned).trainer
     t3 = time.perf_counter()
     trainer.init_params()
     t4 = time.perf_counter()
 
     stage = program.stages[0]
-    _, loader = open_data(stage.data, program.run.seed)
+    _, loader = open_loader(catalog, stage.data, program.run.seed)
     total = 5 + args.steps * args.rounds
     batches = [loader.next_batch() for _ in range(total)]
     lrs = [lr_at(stage.optimizer, s, total) for s in range(1, total + 1)]

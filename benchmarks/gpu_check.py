@@ -152,9 +152,9 @@ def measure(args: argparse.Namespace) -> dict:
     """Every figure, as the JSON files hold them."""
     import torch
 
-    from sexpgpu.lang import compile_file
-    from sexpgpu.run import lower_program, open_data
+    from sexpgpu.catalog import Catalog
     from sexpgpu.schedule import lr_at
+    from sexpgpu.session import Selection, Target, lower, open_loader
 
     device = "cpu" if args.cpu_smoke else "cuda"
     knobs = (
@@ -162,14 +162,16 @@ def measure(args: argparse.Namespace) -> dict:
         if args.cpu_smoke
         else {"dim": "768", "heads": "12", "layers": "12", "context": "1024", "batch": "16"}
     )
-    program = compile_file(str(EXAMPLE), sets=knobs)
+    catalog = Catalog.load()
+    program = Selection(str(EXAMPLE), sets=knobs).compile(catalog)
     started = time.perf_counter()
-    trainer = lower_program(program, device=device, lowering="compiled")
+    choices = Target(device=device, lowering="compiled").choices(program, None)
+    trainer = lower(program, catalog, device=device, choices=choices).trainer
     trainer.warm_up()  # as a run does: every graph compiled before the first step
     compile_seconds = time.perf_counter() - started
     trainer.init_params()
     stage = program.stages[0]
-    _, loader = open_data(stage.data, program.run.seed)
+    _, loader = open_loader(catalog, stage.data, program.run.seed)
     batches = [loader.next_batch() for _ in range(4)]
     lrs = [lr_at(stage.optimizer, s, 1000) for s in range(1, 1001)]
     params0 = trainer.export()[0]

@@ -17,7 +17,7 @@ import click
 from sexpgpu import __version__
 from sexpgpu.catalog import Catalog
 from sexpgpu.errors import SexpError, SourceError
-from sexpgpu_cli.main import BUILTIN_COMMANDS
+from sexpgpu_cli.commands import BUILTIN_COMMANDS
 
 
 class LazyGroup(click.Group):

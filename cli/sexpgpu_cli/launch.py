@@ -91,14 +91,14 @@ class Worker:
                 wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING)
             )
 
-    def run(self, options: Any) -> Any:
-        """``sexpgpu.run.run(options)``; an error before the first step (every rank
-        meets the same one) is said by rank 0 alone."""
+    def run(self, options: Any, catalog: Any) -> Any:
+        """``sexpgpu.train.run(options, catalog)``; an error before the first step
+        (every rank meets the same one) is said by rank 0 alone."""
         from sexpgpu.errors import SexpError
-        from sexpgpu.run import run as run_file
+        from sexpgpu.train import run as run_file
 
         try:
-            return run_file(options)
+            return run_file(options, catalog)
         except SexpError as error:
             if self.rank == 0 or error.code == "E-DP-003":
                 raise

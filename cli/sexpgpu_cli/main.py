@@ -14,15 +14,7 @@ from __future__ import annotations
 import sys
 
 from sexpgpu.signals import Interrupted, StopWatch, interruption, watch_process
-
-# name -> "module:attribute"; imported only when the command runs or --help lists it
-BUILTIN_COMMANDS = {
-    "run": "sexpgpu_cli.commands.run:run",
-    "check": "sexpgpu_cli.commands.check:check",
-    "compile": "sexpgpu_cli.commands.check:compile_",
-    "checkpoint": "sexpgpu_cli.commands.checkpoint:checkpoint",
-    "plugins": "sexpgpu_cli.commands.plugins:plugins",
-}
+from sexpgpu_cli.commands import BUILTIN_COMMANDS
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -30,10 +30,6 @@ E_CHOICE = "E-CHOICE-001"
 LOWERING_CHOICE = "lowering"
 """The recorded choice naming the lowering a run used (``torch``, ``compiled``)."""
 
-UNRECORDED_LOWERING = "torch"
-"""What a checkpoint that records no lowering ran on: the eager torch lowering, the
-only one there was before the choice was recorded."""
-
 FRESH_HINT = "use --choices fresh to choose again"
 
 CHOOSE = "--choose"
@@ -110,7 +106,7 @@ class Choices:
 
     def moved(self, made: Mapping[str, str]) -> list[str]:
         """``choice <name> <old> -> <new>`` for each recorded choice ``made`` changed."""
-        old = with_lowering(self.recorded)
+        old = self.recorded
         return [
             f"choice {name} {old[name]} -> {value}"
             for name, value in sorted(made.items())
@@ -124,12 +120,6 @@ def cannot_take(name: str, value: str, why: str) -> CheckpointError:
         f"the recorded choice '{value}' for {name} cannot be taken here: {why} ({FRESH_HINT})",
         code=E_CHOICE,
     )
-
-
-def with_lowering(recorded: Mapping[str, str]) -> dict[str, str]:
-    """A checkpoint's recorded choices with ``lowering`` as it ran: the eager one when
-    the checkpoint is older than the record."""
-    return {LOWERING_CHOICE: UNRECORDED_LOWERING, **recorded}
 
 
 # ---------------------------------------------------------------- --choose

@@ -514,6 +514,9 @@ class MetricsSinkInfo:
     name: str
     factory: Callable[[str, str], MetricsSink]
     doc: str = ""
+    location: Callable[[str, str], str] | None = None
+    """Where the sink writes an experiment, from (metrics folder, slug), as a person
+    finds it (a file, a folder, a URL): a run's closing summary names it."""
 
 
 # ---------------------------------------------------------------- data

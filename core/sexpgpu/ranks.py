@@ -26,10 +26,8 @@ __all__ = [
     "SOLO",
     "Solo",
     "StopAgreement",
-    "Unwritten",
     "check_batches",
     "check_replicas",
-    "hand_over",
     "join_group",
     "launched_size",
     "replica_digest",
@@ -113,16 +111,6 @@ def check_batches(program: Program, group: RankGroup) -> None:
             )
 
 
-def hand_over(trainer: Trainer, group: RankGroup) -> None:
-    """Give the ranks to a trainer that can train as one of several (``use_group``);
-    a lowering whose trainer cannot is refused before any step."""
-    use = getattr(trainer, "use_group", None)
-    if use is None:
-        lowering = trainer.choices.get("lowering", "this lowering")
-        raise PluginError(f"the lowering {lowering} cannot train on several devices; run it on one")
-    use(group)
-
-
 def replica_digest(trainer: Trainer) -> bytes:
     """The sha256 of every parameter and optimizer state the trainer holds, by name:
     what the ranks compare to prove they hold the same model, to the byte."""
@@ -134,18 +122,6 @@ def replica_digest(trainer: Trainer) -> bytes:
             digest.update(name.encode())
             digest.update(tensors[name].tobytes())
     return digest.digest()
-
-
-class Unwritten:
-    """The status file of a rank that does not write one (every rank but 0)."""
-
-    def update(self, **fields: object) -> bool:
-        """Nothing to write."""
-        return True
-
-    def progress(self, step: int, **fields: object) -> bool:
-        """Nothing to write."""
-        return True
 
 
 class StopAgreement:

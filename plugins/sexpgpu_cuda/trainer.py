@@ -26,8 +26,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from sexpgpu.errors import CheckpointError, PluginError
-from sexpgpu.extension import KernelInfo, OptimizerInfo
+from sexpgpu.choices import Choices, cannot_take
+from sexpgpu.errors import PluginError
+from sexpgpu.extension import KernelInfo, OpInfo, OptimizerInfo, Supplies
 from sexpgpu.graph import Program
 from sexpgpu.kernels import choose_kernels, device_kind
 from sexpgpu.log import get_logger
@@ -88,8 +89,9 @@ class CompiledTrainer(TorchTrainer):
         device: str,
         chosen: Mapping[str, KernelInfo],
         optimizers: Mapping[str, OptimizerInfo],
+        ops: Sequence[OpInfo] = (),
     ) -> None:
-        super().__init__(program, device=device, chosen=chosen, optimizers=optimizers)
+        super().__init__(program, device=device, chosen=chosen, optimizers=optimizers, ops=ops)
         # bf16 compute under autocast on either device; parameters, the loss the
         # run reads and the optimizer's math stay f32 (the eager trainer's rules)
         self.autocast = program.run.precision == "bf16"
@@ -237,13 +239,7 @@ class CompiledLowering:
     """The :class:`sexpgpu.extension.Lowering` named ``compiled``."""
 
     def lower(
-        self,
-        program: Program,
-        *,
-        device: str,
-        kernels: Sequence[KernelInfo],
-        optimizers: Mapping[str, OptimizerInfo],
-        pinned: Mapping[str, str] | None,
+        self, program: Program, *, device: str, supplies: Supplies, choices: Choices
     ) -> CompiledTrainer:
         """Take the machine's switches, choose a kernel per site, and wrap every graph
         in ``torch.compile`` (compiled on first call, or all at once by ``warm_up``)."""
@@ -251,21 +247,24 @@ class CompiledLowering:
         if kind not in ("cpu", "cuda"):
             raise PluginError(f"the compiled lowering cannot run on '{device}' (cpu or cuda)")
         machine.prepare_caches()
-        backend = (pinned or {}).get(COMPILE_BACKEND, BACKEND)
+        backend = choices.pin(COMPILE_BACKEND) or BACKEND
         if backend != BACKEND:
-            raise CheckpointError(
-                f"the recorded choice '{backend}' for {COMPILE_BACKEND} cannot be taken here: "
-                f"this lowering compiles with {BACKEND} (use --choices fresh to choose again)",
-                code="E-CHOICE-001",
-            )
-        switches = machine.take_switches(program, device, pinned)
-        here = machine.runnable(_callable_here(kernels), program, device)
+            raise cannot_take(COMPILE_BACKEND, backend, f"this lowering compiles with {BACKEND}")
+        pins = choices.pins()
+        switches = machine.take_switches(program, device, pins)
+        here = machine.runnable(_callable_here(supplies.kernels), program, device)
         chosen = choose_kernels(
-            program, lowering=LOWERING, device=device, kernels=here, pinned=pinned
+            program, lowering=LOWERING, device=device, kernels=here, choices=choices
         )
         machine.take_conv_engine(chosen, device)
-        cpu_choices = take_cpu_choices(pinned, device)
-        trainer = CompiledTrainer(program, device=device, chosen=chosen, optimizers=optimizers)
+        cpu_choices = take_cpu_choices(pins, device)
+        trainer = CompiledTrainer(
+            program,
+            device=device,
+            chosen=chosen,
+            optimizers=supplies.optimizers,
+            ops=supplies.ops,
+        )
         trainer.choices.update(cpu_choices)
         trainer.choices.update(switches)
         trainer.choices[COMPILE_BACKEND] = BACKEND

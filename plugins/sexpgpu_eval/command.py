@@ -73,10 +73,12 @@ def evaluate(
     run writes them until the one that finished it; evaluated.json beside them
     says which are done.
     """
+    from sexpgpu.catalog import Catalog
     from sexpgpu_eval.session import run_evaluate
 
     code = run_evaluate(
         location,
+        click.get_current_context().find_object(Catalog),
         follow=follow,
         poll=poll,
         names=list(names) or None,

@@ -20,8 +20,8 @@ from sexpgpu.checkpoint import EXPERIMENT_FILE, location_of, parse_step_key
 from sexpgpu.errors import CheckpointError, RunError, StorageError
 from sexpgpu.extension import Evaluator, Storage
 from sexpgpu.log import get_logger
+from sexpgpu.session import CheckpointOpener, Opened, open_loader
 from sexpgpu.storage import NO_SUCH_LOCATION
-from sexpgpu_eval.reading import CheckpointReader, Opened
 
 EVALUATED_FILE = "evaluated.json"
 E_EVALUATED = "E-EVAL-003"
@@ -44,6 +44,7 @@ class Stopped(Exception):
 class Reporting:
     """Where the numbers go: the run's metrics experiment, through these sinks."""
 
+    catalog: Any
     metrics_dir: str
     sinks: tuple[str, ...]
     settle_seconds: float
@@ -55,7 +56,8 @@ class Reporting:
 
         if slug not in self.streams:
             self.streams[slug] = MetricsStream(
-                open_sinks(list(self.sinks), self.metrics_dir, slug), experiment=slug
+                open_sinks(list(self.sinks), self.metrics_dir, slug, self.catalog),
+                experiment=slug,
             )
         return self.streams[slug]
 
@@ -122,7 +124,7 @@ class Evaluation:
     def __init__(
         self,
         *,
-        reader: CheckpointReader,
+        reader: CheckpointOpener,
         runner: Evaluator,
         reporting: Reporting,
         stopping: Callable[[], bool],
@@ -177,8 +179,7 @@ class Evaluation:
     ) -> None:
         """Run ``eval_passes`` on the opened checkpoint; each pass's points are settled
         in every sink, then ``mark(pass, step)``. Raises :class:`Stopped` on a signal."""
-        from sexpgpu.run import open_data
-
+        catalog = self.reader.catalog
         stream = self.reporting.stream(opened.slug)
         self._annotate(stream, opened)
         for eval_pass in eval_passes:
@@ -188,7 +189,7 @@ class Evaluation:
                 eval_pass,
                 opened.trainer,
                 seed=opened.program.run.seed,
-                open_data=lambda decl, seed: open_data(decl, seed)[1],
+                open_data=lambda decl, seed: open_loader(catalog, decl, seed)[1],
                 stopping=self.stopping,
             )
             if numbers is None:

@@ -6,15 +6,20 @@ from collections.abc import Sequence
 
 import click
 
-from sexpgpu.checkpoint import open_checkpoint
+from sexpgpu.catalog import Catalog
 from sexpgpu.errors import RunError, SexpError, UsageError
+from sexpgpu.session import CheckpointOpener, evaluator
 from sexpgpu.signals import StopWatch, process_watch
 from sexpgpu_eval.follow import Evaluation, Reporting, Stopped, follow
-from sexpgpu_eval.reading import CheckpointReader, one_line
+from sexpgpu_eval.reading import one_line
+
+DEFAULT_METRICS_DIR = "./sexpgpu-runs"
+"""Where the JSONL sink writes unless told (``sexpgpu run``'s default too)."""
 
 
 def run_evaluate(
     location: str,
+    catalog: Catalog,
     *,
     follow: bool,
     poll: float,
@@ -28,19 +33,19 @@ def run_evaluate(
 ) -> int:
     """Evaluate as the command was asked; returns the exit status (``128 + n`` on a
     signal). A user's mistake raises a one-line :class:`sexpgpu.errors.SexpError`."""
-    from sexpgpu.run import DEFAULT_METRICS_DIR, eval_runner
-
     watch = process_watch()
     owned = watch is None
     if watch is None:
         watch = StopWatch()
         watch.install()
-    reporting = Reporting(metrics_dir or DEFAULT_METRICS_DIR, tuple(sinks) or ("jsonl",), settle)
+    reporting = Reporting(
+        catalog, metrics_dir or DEFAULT_METRICS_DIR, tuple(sinks) or ("jsonl",), settle
+    )
     try:
         watch.loop_started()  # from here a signal stops at the next batch
         evaluation = Evaluation(
-            reader=CheckpointReader(device=device, file=file, lowering=lowering),
-            runner=eval_runner(),
+            reader=CheckpointOpener(catalog, device=device, file=file, lowering=lowering),
+            runner=evaluator(catalog),
             reporting=reporting,
             stopping=lambda: watch.stopping,
             echo=click.echo,
@@ -69,16 +74,14 @@ def run_evaluate(
 
 
 def _one(evaluation: Evaluation, location: str, names: list[str] | None) -> None:
-    storage, key = open_checkpoint(location)
+    storage, key = evaluation.reader.locate(location)
     opened = evaluation.reader.open(storage, key)
     _known(opened.program, names)
     evaluation.evaluate(storage, key, opened, evaluation.passes(opened, names, {}))
 
 
 def _follow(evaluation: Evaluation, location: str, poll: float, names: list[str] | None) -> None:
-    from sexpgpu.storage import open_location
-
-    storage = open_location(location)
+    storage = evaluation.reader.catalog.open_location(location)
     storage.list_children("")  # a location that cannot be listed is an error, at once
     step = follow(evaluation, storage, poll=poll, names=names)
     click.echo(f"sexpgpu evaluate: followed {storage.uri} to its finished step {step}", err=True)

@@ -12,6 +12,12 @@ def _open(metrics_dir: str, slug: str):
     return JsonlSink(metrics_dir, slug)
 
 
+def _location(metrics_dir: str, slug: str) -> str:
+    from sexpgpu_jsonl.sink import events_path
+
+    return str(events_path(metrics_dir, slug))
+
+
 @hookimpl
 def sexpgpu_metrics_sinks() -> list[MetricsSinkInfo]:
     """The ``jsonl`` sink (the default of ``--metrics-sink``)."""
@@ -20,5 +26,6 @@ def sexpgpu_metrics_sinks() -> list[MetricsSinkInfo]:
             name="jsonl",
             factory=_open,
             doc="appends every event as one JSON line to <metrics-dir>/<slug>/events.jsonl",
+            location=_location,
         )
     ]

@@ -127,7 +127,7 @@ def report(run: str, metrics_dir: str, out: str | None, watch: bool, interval: f
     if watch:
         from sexpgpu_report.watching import watch_report
 
-        code = watch_report(folder, target, interval)
+        code = watch_report(folder, target, interval, write_once)
         if code:
             raise SystemExit(code)
         return

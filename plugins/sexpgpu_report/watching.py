@@ -8,7 +8,9 @@ it between two writes, never inside one, so the page on disk is always whole.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -28,11 +30,12 @@ def _wait(seconds: float, watch: StopWatch) -> None:
         time.sleep(min(0.1, left))
 
 
-def watch_report(folder: Path, target: Path, interval: float) -> int:
-    """Write the report of ``folder`` into ``target`` every ``interval`` seconds until
-    the run ends (returns 0) or a signal comes (returns ``128 + n``)."""
-    from sexpgpu_report.command import write_once
-
+def watch_report(
+    folder: Path, target: Path, interval: float, write_once: Callable[[Path, Path, float], Any]
+) -> int:
+    """Write the report of ``folder`` into ``target`` with ``write_once`` every
+    ``interval`` seconds until the run ends (returns 0) or a signal comes (returns
+    ``128 + n``)."""
     watch = process_watch()
     owned = watch is None
     if watch is None:  # called from Python, not the console script

@@ -1,6 +1,6 @@
 """What torch sums with on the CPU, read from torch, and the recorded values taken.
 
-The names and the pre-import half are :mod:`sexpgpu.cpu_choices`. Here the
+The names and the pre-import half are :mod:`sexpgpu_torch.cpu_environment`. Here the
 lowering reads what torch runs with (:func:`current`), sets the one value that
 can still change once torch runs (the thread count) and refuses with
 ``E-CHOICE-001`` a pinned value that torch did not take (:func:`take`).
@@ -14,9 +14,17 @@ from collections.abc import Mapping
 
 import torch
 
-from sexpgpu.cpu_choices import BLAS, CAPABILITY, CBWR, THREADS, TORCH_VERSION, is_cpu_choice
+from sexpgpu.choices import cannot_take
 from sexpgpu.errors import CheckpointError
 from sexpgpu.kernels import device_kind
+from sexpgpu_torch.cpu_environment import (
+    BLAS,
+    CAPABILITY,
+    CBWR,
+    THREADS,
+    TORCH_VERSION,
+    is_cpu_choice,
+)
 
 # Why a pinned value that torch did not take cannot be taken here, by choice.
 _WHY_NOT = {
@@ -77,8 +85,4 @@ def take(pinned: Mapping[str, str] | None, device: str) -> dict[str, str]:
 
 
 def _refused(name: str, value: str, why: str) -> CheckpointError:
-    return CheckpointError(
-        f"the recorded choice '{value}' for {name} cannot be taken here: {why} "
-        "(use --choices fresh to choose again)",
-        code="E-CHOICE-001",
-    )
+    return cannot_take(name, value, why)

@@ -84,10 +84,12 @@ class _Compiler:
         kernels: Mapping[str, Callable[..., Any]],
         device: torch.device,
         inline: Collection[str] = frozenset(),
+        plugin_ops: Sequence[Any] = (),
     ) -> None:
         self.ctx = ctx
         self.kernels = kernels
         self.inline = inline
+        self.plugin_ops = plugin_ops
         self.device = device
         self.steps: list[Step] = []
         self.template: list[Any] = []
@@ -264,7 +266,7 @@ class _Compiler:
 
     def body_function(self, body: Graph) -> Callable[[Tensor, Sequence[Tensor]], Tensor]:
         """A repeat body as ``fn(carry, slot_tensors) -> Tensor`` for a stack kernel."""
-        sub = _Compiler(self.ctx, self.kernels, self.device, self.inline)
+        sub = _Compiler(self.ctx, self.kernels, self.device, self.inline, self.plugin_ops)
         sub.types = self.types
         sub.iteration_index = iteration = sub.alloc(0)
         carry = sub.alloc()
@@ -299,11 +301,13 @@ def compile_graph(
     kernels: Mapping[str, Callable[..., Any]],
     device: torch.device,
     inline: Collection[str] = frozenset(),
+    plugin_ops: Sequence[Any] = (),
 ) -> Callable[[], list[Tensor]]:
     """``graph`` as a function of ``ctx`` returning its outputs' values; ``kernels``
     are the sites' callables, and the repeats at the ``inline`` sites are emitted
-    iteration by iteration instead of calling theirs."""
-    comp = _Compiler(ctx, kernels, device, inline)
+    iteration by iteration instead of calling theirs. A plugin's op takes its
+    implementation from ``plugin_ops`` (``Supplies.ops``)."""
+    comp = _Compiler(ctx, kernels, device, inline, plugin_ops)
     comp.types = {n.id: n.type for n in graph.nodes}
     outputs = comp.emit_graph(graph)
     steps = tuple(comp.steps)

@@ -11,7 +11,7 @@ plugin is built by :func:`plugin_op` from the implementation its plugin gives.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import torch
@@ -33,6 +33,8 @@ class Lowerer(Protocol):
 
     kernels: Mapping[str, Callable[..., Any]]
     """The kernel chosen for each choice site, by site name."""
+    plugin_ops: Sequence[Any]
+    """The new ops plugins supply (``Supplies.ops``), for a node the table lacks."""
 
     def arg_type(self, node: Node, i: int) -> TensorType:
         """The type of ``node``'s argument ``i``."""
@@ -275,13 +277,13 @@ def build(node: Node, low: Lowerer, iteration: int | None) -> Fn:
     builder = IMPLEMENTATIONS.get(node.op)
     if builder is not None:
         return builder(node, low, iteration)
-    return plugin_op(node)
+    return plugin_op(node, low.plugin_ops)
 
 
-def plugin_op(node: Node) -> Fn:
-    """A plugin op's function: its plugin's torch implementation, given the node's
-    keywords (``implementation(attrs) -> fn(*tensors)``)."""
-    factory = implementation_of(node.op, node.attrs.get("plugin"), LOWERING, node.pos)
+def plugin_op(node: Node, plugin_ops: Sequence[Any]) -> Fn:
+    """A plugin op's function: its plugin's torch implementation among ``plugin_ops``,
+    given the node's keywords (``implementation(attrs) -> fn(*tensors)``)."""
+    factory = implementation_of(node.op, node.attrs.get("plugin"), LOWERING, plugin_ops, node.pos)
     attrs = {k: v for k, v in node.attrs.items() if k != "plugin"}
     try:
         return factory()(attrs)

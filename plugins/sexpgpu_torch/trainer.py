@@ -21,8 +21,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from sexpgpu.choices import Choices
 from sexpgpu.errors import CheckpointError, PluginError, RunError
-from sexpgpu.extension import KernelInfo, OptimizerInfo
+from sexpgpu.extension import KernelInfo, OpInfo, OptimizerInfo, Supplies, Trainer
 from sexpgpu.graph import ParamDecl, Program
 from sexpgpu.kernels import choose_kernels, device_kind, recorded
 from sexpgpu_torch.cpu import take as take_cpu_choices
@@ -112,7 +113,7 @@ def _group_key(stage: Any) -> tuple:
     return (opt.name, options)
 
 
-class TorchTrainer:
+class TorchTrainer(Trainer):
     """The :class:`sexpgpu.extension.Trainer` of the torch lowering."""
 
     ctx_type: type[Ctx] = Ctx
@@ -125,6 +126,7 @@ class TorchTrainer:
         device: str,
         chosen: Mapping[str, KernelInfo],
         optimizers: Mapping[str, OptimizerInfo],
+        ops: Sequence[OpInfo] = (),
     ) -> None:
         self.program = program
         self.device = torch.device(device)
@@ -139,7 +141,7 @@ class TorchTrainer:
 
         # Stages: compiled loss, optimizer update, state group.
         self.stage_loss = [
-            compile_graph(s.loss, self.ctx, fns, self.device, inline) for s in program.stages
+            compile_graph(s.loss, self.ctx, fns, self.device, inline, ops) for s in program.stages
         ]
         self.updates = []
         self.state_names: list[tuple[str, ...]] = []
@@ -169,7 +171,7 @@ class TorchTrainer:
             skip = set(options.get("no_decay_tags", ()) or ())
             self.decay.append([not (skip & set(d.tags)) for d in self.decls if d.trainable])
         self.evals = {
-            e.name: (e, compile_graph(e.graph, self.ctx, fns, self.device, inline))
+            e.name: (e, compile_graph(e.graph, self.ctx, fns, self.device, inline, ops))
             for e in program.evals
         }
         self.fields = [
@@ -450,13 +452,7 @@ class TorchLowering:
     """The :class:`sexpgpu.extension.Lowering` for PyTorch on ``cpu`` and ``cuda``."""
 
     def lower(
-        self,
-        program: Program,
-        *,
-        device: str,
-        kernels: Sequence[KernelInfo],
-        optimizers: Mapping[str, OptimizerInfo],
-        pinned: Mapping[str, str] | None,
+        self, program: Program, *, device: str, supplies: Supplies, choices: Choices
     ) -> TorchTrainer:
         """Choose a kernel per site, compile every graph, and build the trainer."""
         kind = device_kind(device)
@@ -476,10 +472,16 @@ class TorchLowering:
                 torch.backends.cudnn.benchmark = False
                 torch.backends.cudnn.deterministic = True
         chosen = choose_kernels(
-            program, lowering=LOWERING, device=device, kernels=kernels, pinned=pinned
+            program, lowering=LOWERING, device=device, kernels=supplies.kernels, choices=choices
         )
         # Before any graph is built: the sums are the pinned threads' from the start.
-        cpu_choices = take_cpu_choices(pinned, device)
-        trainer = TorchTrainer(program, device=device, chosen=chosen, optimizers=optimizers)
+        cpu_choices = take_cpu_choices(choices.pins(), device)
+        trainer = TorchTrainer(
+            program,
+            device=device,
+            chosen=chosen,
+            optimizers=supplies.optimizers,
+            ops=supplies.ops,
+        )
         trainer.choices.update(cpu_choices)
         return trainer

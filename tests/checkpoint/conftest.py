@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from sexpgpu.graph import Program
-from sexpgpu.storage import open_location
+from tests.catalogs import open_location
 
 from .helpers import make_program
 

@@ -12,8 +12,8 @@ import pytest
 
 from sexpgpu import checkpoint as ckpt
 from sexpgpu.graph import LoadSpec, Source
-from sexpgpu.storage import open_location
 from sexpgpu_cli.commands.checkpoint import render_checkpoint
+from tests.catalogs import open_location
 
 from .helpers import CORE_SHA, RUN_SHA, make_program, param, write
 
@@ -199,14 +199,14 @@ def test_loaded_parameters_are_named_not_copied(storage, location):
 
 @pytest.mark.parametrize("name", ["step-00000004", "step-00000004/"])
 def test_open_checkpoint_splits_the_step_off(location, name):
-    storage, key = ckpt.open_checkpoint(f"{location}/{name}")
+    storage, key = ckpt.open_checkpoint(f"{location}/{name}", open_location)
     assert (storage.uri, key) == (location, "step-00000004")
 
 
 def test_open_checkpoint_at_the_top_of_a_file_system_or_here(monkeypatch, tmp_path):
-    storage, key = ckpt.open_checkpoint("/step-00000004")
+    storage, key = ckpt.open_checkpoint("/step-00000004", open_location)
     assert (storage.uri, key) == ("/", "step-00000004")
     assert ckpt.location_of(storage, key) == "/step-00000004"
     monkeypatch.chdir(tmp_path)
-    storage, key = ckpt.open_checkpoint("step-00000004")
+    storage, key = ckpt.open_checkpoint("step-00000004", open_location)
     assert (storage.uri, key) == (".", "step-00000004")

@@ -13,7 +13,7 @@ from safetensors.numpy import save as st_save
 
 from sexpgpu import checkpoint as ckpt
 from sexpgpu.errors import CheckpointError, StorageError, UsageError
-from sexpgpu.storage import open_location
+from tests.catalogs import open_location
 
 from .helpers import CORE_SHA, adam_states, make_program, write
 
@@ -199,33 +199,33 @@ def test_find_latest_refuses_a_location_it_cannot_list(tmp_path):
 
 def test_resolve_resume(storage, location, program, tmp_path):
     with pytest.raises(UsageError, match=r"^E-CKPT-005: --resume latest needs a checkpoint"):
-        ckpt.resolve_resume("latest", None)
-    assert ckpt.resolve_resume("latest", location) is None
+        ckpt.resolve_resume("latest", None, open_location)
+    assert ckpt.resolve_resume("latest", location, open_location) is None
     write(storage, program, 2)
     write(storage, program, 4)
-    found_storage, key = ckpt.resolve_resume("latest", location)
+    found_storage, key = ckpt.resolve_resume("latest", location, open_location)
     assert (found_storage.uri, key) == (location, "step-00000004")
 
-    found_storage, key = ckpt.resolve_resume(f"{location}/step-00000002/", None)
+    found_storage, key = ckpt.resolve_resume(f"{location}/step-00000002/", None, open_location)
     assert ckpt.location_of(found_storage, key) == f"{location}/step-00000002"
     assert ckpt.load_checkpoint(found_storage, key).step == 2
 
     with pytest.raises(
         CheckpointError, match=r"^E-CKPT-001: there is no checkpoint at .*step-00000008$"
     ):
-        ckpt.resolve_resume(f"{location}/step-00000008", location)
+        ckpt.resolve_resume(f"{location}/step-00000008", location, open_location)
     storage.delete("step-00000004/experiment.json")
     with pytest.raises(
         CheckpointError, match="not a complete checkpoint: it has no experiment.json"
     ):
-        ckpt.resolve_resume(f"{location}/step-00000004", location)
+        ckpt.resolve_resume(f"{location}/step-00000004", location, open_location)
 
     # A copied checkpoint under any folder name is read in place.
     copy = tmp_path / "best"
     copy.mkdir()
     for name in ckpt.FILES:
         (copy / name).write_bytes((Path(location) / "step-00000002" / name).read_bytes())
-    found_storage, key = ckpt.resolve_resume(str(copy), None)
+    found_storage, key = ckpt.resolve_resume(str(copy), None, open_location)
     assert key == "" and ckpt.load_checkpoint(found_storage, key).step == 2
 
 

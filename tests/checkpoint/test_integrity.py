@@ -17,7 +17,8 @@ import pytest
 from sexpgpu import checkpoint as ckpt
 from sexpgpu.errors import CheckpointError, StorageError
 from sexpgpu.metrics import new_slug
-from sexpgpu.storage import open_location, redact
+from sexpgpu.storage import redact
+from tests.catalogs import open_location
 
 from .helpers import write
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from sexpgpu import checkpoint as ckpt
-from sexpgpu.storage import open_location
 from sexpgpu_cli.commands.checkpoint import render_checkpoint
+from tests.catalogs import open_location
 
 from .helpers import write
 from .test_cli import CountingStorage
@@ -33,7 +33,7 @@ def test_a_checkpoint_in_a_bucket(s3_bucket, program):
     _, params, states, state, experiment = write(storage, program, 4, seed=1)
     assert ckpt.find_latest(storage) == "step-00000004"
 
-    found, key = ckpt.resolve_resume(f"{location}/step-00000004", None)
+    found, key = ckpt.resolve_resume(f"{location}/step-00000004", None, open_location)
     loaded = ckpt.load_checkpoint(found, key)
     assert loaded.location == f"{location}/step-00000004"
     stored = {k: v for k, v in loaded.experiment.items() if k not in ("files", "written")}

@@ -18,8 +18,11 @@ from typing import Any
 
 import torch
 
+from sexpgpu.catalog import Catalog
 from sexpgpu.lang import compile_file
-from sexpgpu.run import lower_program, open_data
+from sexpgpu.session import Target, lower, open_loader
+
+CATALOG = Catalog.load()
 
 WAYS = (("torch", "looped"), ("torch", "unrolled"), ("compiled", "recompute"))
 
@@ -27,12 +30,11 @@ WAYS = (("torch", "looped"), ("torch", "unrolled"), ("compiled", "recompute"))
 def train(program: Any, lowering: str, kernel: str, steps: int) -> dict[str, Any]:
     """Losses and the last step's saved-tensor sizes, the stack sites pinned to ``kernel``."""
     pinned = {site.name: kernel for site in program.sites if site.kind == "stack"}
-    trainer = lower_program(program, lowering=lowering, pinned=pinned)
-    warm_up = getattr(trainer, "warm_up", None)
-    if warm_up is not None:  # as a run does
-        warm_up()
+    choices = Target(lowering=lowering).choices(program, pinned)
+    trainer = lower(program, CATALOG, device="cpu", choices=choices).trainer
+    trainer.warm_up()  # as a run does
     trainer.init_params()
-    _, loader = open_data(program.stages[0].data, program.run.seed)
+    _, loader = open_loader(CATALOG, program.stages[0].data, program.run.seed)
     losses, saved = [], []
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
@@ -56,7 +58,7 @@ def main() -> None:
     from torch._dynamo.utils import counters
 
     file, steps = sys.argv[1], int(sys.argv[2])
-    program = compile_file(file)
+    program = compile_file(file, catalog=CATALOG)
     result = {f"{low}/{kernel}": train(program, low, kernel, steps) for low, kernel in WAYS}
     result["graph_breaks"] = sum(counters["graph_break"].values())
     result["graphs_compiled"] = counters["stats"]["unique_graphs"]

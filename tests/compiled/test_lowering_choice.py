@@ -5,12 +5,24 @@ from __future__ import annotations
 
 import pytest
 
+from sexpgpu.choices import Choices
 from sexpgpu.errors import CheckpointError, PluginError
 from sexpgpu.extension import LoweringInfo
-from sexpgpu.kernels import choose_lowering, with_lowering
+from sexpgpu.kernels import choose_lowering
 from sexpgpu.plugin_supplies import defaults_of, describe, find_conflicts
 
 HOOK = "sexpgpu_lowerings"
+
+
+def _choose(lowerings, *, device, requested, pinned):
+    """``choose_lowering`` as a run calls it: ``--lowering requested`` against a
+    checkpoint's ``pinned`` choices."""
+    choices = Choices.make(
+        requested={"lowering": requested} if requested else {},
+        asked={"lowering": f"--lowering {requested}"} if requested else {},
+        recorded=pinned,
+    )
+    return choose_lowering(lowerings, device=device, choices=choices)
 
 
 def _lowering(name: str, devices: tuple[str, ...], default_for=None) -> LoweringInfo:
@@ -54,13 +66,13 @@ def test_two_defaults_for_one_kind_conflict_and_a_lowering_without_default_for_c
     ],
 )
 def test_the_lowering_taken(device, requested, pinned, taken) -> None:
-    chosen = choose_lowering(BUILT_IN, device=device, requested=requested, pinned=pinned)
+    chosen = _choose(BUILT_IN, device=device, requested=requested, pinned=pinned)
     assert (chosen.name if chosen else None) == taken
 
 
 def test_another_lowering_than_the_recorded_one_is_e_choice_001() -> None:
     with pytest.raises(CheckpointError) as caught:
-        choose_lowering(BUILT_IN, device="cpu", requested="compiled", pinned={"lowering": "torch"})
+        _choose(BUILT_IN, device="cpu", requested="compiled", pinned={"lowering": "torch"})
     assert caught.value.code == "E-CHOICE-001"
     assert caught.value.message == (
         "the recorded choice 'torch' for lowering cannot be taken with --lowering compiled "
@@ -70,7 +82,7 @@ def test_another_lowering_than_the_recorded_one_is_e_choice_001() -> None:
 
 def test_a_recorded_lowering_not_installed_here_is_e_choice_001() -> None:
     with pytest.raises(CheckpointError) as caught:
-        choose_lowering([EAGER], device="cpu", requested=None, pinned={"lowering": "compiled"})
+        _choose([EAGER], device="cpu", requested=None, pinned={"lowering": "compiled"})
     assert caught.value.code == "E-CHOICE-001"
     assert "'compiled' for lowering" in caught.value.message
     assert "no such lowering is installed" in caught.value.message
@@ -78,12 +90,7 @@ def test_a_recorded_lowering_not_installed_here_is_e_choice_001() -> None:
 
 def test_an_unknown_or_unfit_requested_lowering_is_a_plugin_error() -> None:
     with pytest.raises(PluginError, match="--lowering compild: no installed plugin"):
-        choose_lowering(BUILT_IN, device="cpu", requested="compild", pinned=None)
+        _choose(BUILT_IN, device="cpu", requested="compild", pinned=None)
     cuda_only = _lowering("graphs", ("cuda",))
     with pytest.raises(PluginError, match="does not run on cpu"):
-        choose_lowering([cuda_only], device="cpu", requested="graphs", pinned=None)
-
-
-def test_an_old_checkpoint_ran_on_the_eager_lowering() -> None:
-    assert with_lowering({"cpu.threads": "2"}) == {"lowering": "torch", "cpu.threads": "2"}
-    assert with_lowering({"lowering": "compiled"}) == {"lowering": "compiled"}
+        _choose([cuda_only], device="cpu", requested="graphs", pinned=None)

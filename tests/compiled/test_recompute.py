@@ -9,7 +9,7 @@ backward pass shows. One module-scoped set of runs serves every test:
 - ``part``: the step-2 checkpoint of ``full`` resumed with nothing asked (the
   recorded lowering and kernels are taken), to step 4;
 - ``probe``: ``recompute_probe.py`` in a subprocess: the same steps through
-  ``lower_program`` on the eager lowering (looped, unrolled) and compiled
+  the session's ``lower`` on the eager lowering (looped, unrolled) and compiled
   (recompute), with the sizes of what autograd keeps for the backward pass.
 """
 

@@ -10,9 +10,9 @@ import pytest
 
 import sexpgpu_data
 from sexpgpu.errors import SexpError
-from sexpgpu.plugins import get_plugins
 from sexpgpu_data import generated
 from sexpgpu_data._common import resolve_options, rng_for
+from tests.catalogs import project
 
 SOURCES = {info.name: info for info in sexpgpu_data.data_sources()}
 GENERATED = [
@@ -41,7 +41,7 @@ def same(a, b):
 
 
 def test_every_source_is_registered_through_the_entry_point():
-    names = {info.name for info in get_plugins().available("sexpgpu_data_sources")}
+    names = {info.name for info in project().available("sexpgpu_data_sources")}
     assert {"arithmetic", "copy", "sort", "shapes", "text", "tokens", "npy"} <= names
 
 

@@ -4,12 +4,29 @@ refuses (spec: Pinned; docs/determinism.md)."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
-from sexpgpu import cpu_choices as cpu
+from sexpgpu import session
 from sexpgpu.errors import CheckpointError
+from sexpgpu.session import Target
 from sexpgpu_torch import cpu as torch_cpu
+from sexpgpu_torch import cpu_environment as cpu
+from tests.catalogs import project
+
+
+def threads_asked(threads: int | None, *, fresh: bool = False) -> Target:
+    """The target of ``sexpgpu run --threads N`` (as the CLI makes it)."""
+    if threads is None:
+        return Target(fresh=fresh)
+    return Target(
+        requests={"cpu.threads": str(threads)},
+        asked={"cpu.threads": f"--threads {threads}"},
+        fresh=fresh,
+    )
+
 
 RECORDED = {
     "attention:model.attn": "math",
@@ -33,22 +50,22 @@ def threads_kept():
 @pytest.mark.parametrize(
     ("recorded", "fresh", "threads", "pins"),
     [
-        (None, False, None, None),
+        (None, False, None, {}),
         (None, False, 3, {"cpu.threads": "3"}),
         (RECORDED, False, None, RECORDED),
-        (RECORDED, True, None, None),
+        (RECORDED, True, None, {}),
         (RECORDED, True, 2, {"cpu.threads": "2"}),
         (RECORDED, False, 1, RECORDED),
-        ({}, False, None, None),
+        ({}, False, None, {}),
     ],
 )
 def test_pins_for_a_run(recorded, fresh, threads, pins) -> None:
-    assert cpu.pins_for(recorded, fresh=fresh, threads=threads) == pins
+    assert threads_asked(threads, fresh=fresh).choices(None, recorded).pins() == pins
 
 
 def test_threads_against_a_pinned_resume_with_another_count_is_e_choice_001() -> None:
     with pytest.raises(CheckpointError) as caught:
-        cpu.pins_for(RECORDED, fresh=False, threads=2)
+        threads_asked(2).choices(None, RECORDED)
     assert caught.value.code == "E-CHOICE-001"
     assert "cpu.threads" in caught.value.message and "--threads 2" in caught.value.message
 
@@ -82,23 +99,31 @@ def test_environment_for_sets_only_what_the_processor_can_take(monkeypatch) -> N
     assert cpu.environment_for({"attention:model.attn": "math"}) == {}
 
 
-def test_pin_environment_reads_the_checkpoint_without_torch(tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr(cpu, "recorded_choices", lambda resume, where: dict(RECORDED))
+def test_the_environment_is_pinned_before_torch_from_the_checkpoint(monkeypatch) -> None:
+    recorded = dict(RECORDED)
+    monkeypatch.setattr(session, "_recorded_choices", lambda catalog, resume, where: recorded)
     for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "ATEN_CPU_CAPABILITY", "MKL_CBWR"):
         # set first, so that monkeypatch puts back what was there (or nothing) afterwards
         monkeypatch.setenv(variable, "unset")
         monkeypatch.delenv(variable)
-    env = cpu.pin_environment("ckpt/step-00000004", None, fresh=False, threads=None)
+
+    def prepare(target: Target, resume: str) -> dict[str, str]:
+        return session.prepare_environment(project(), target, resume=resume, checkpoint_dir=None)
+
+    env = prepare(Target(), "ckpt/step-00000004")
     assert env["OMP_NUM_THREADS"] == "1" and env["ATEN_CPU_CAPABILITY"] == "default"
-    assert cpu.os.environ["OMP_NUM_THREADS"] == "1"
+    assert os.environ["OMP_NUM_THREADS"] == "1"
     # --choices fresh: nothing pinned, and a conflict is left for the run to report
-    assert cpu.pin_environment("x", None, fresh=True, threads=None) == {}
-    assert cpu.pin_environment("x", None, fresh=False, threads=5) == {}
+    assert prepare(Target(fresh=True), "x") == {}
+    assert prepare(threads_asked(5), "x") == {}
+    # the lowering the run takes says what its libraries need: one recorded elsewhere
+    recorded["lowering"] = "not-installed"
+    assert prepare(Target(), "x") == {}
 
 
 def test_recorded_choices_of_a_missing_checkpoint_is_none(tmp_path) -> None:
-    assert cpu.recorded_choices(str(tmp_path / "nothing"), None) is None
-    assert cpu.recorded_choices("latest", str(tmp_path)) is None
+    assert session._recorded_choices(project(), str(tmp_path / "nothing"), None) is None
+    assert session._recorded_choices(project(), "latest", str(tmp_path)) is None
 
 
 def test_the_torch_lowering_records_what_torch_runs_with() -> None:

@@ -10,15 +10,22 @@ import sys
 
 from safetensors.numpy import save_file
 
-from sexpgpu.run import Run, RunOptions
+from sexpgpu.catalog import Catalog
+from sexpgpu.session import Selection, Target
 from sexpgpu.signals import StopWatch
+from sexpgpu.train import Run, RunOptions
 
 
 def main() -> int:
     file, out, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
-    active = Run()
+    active = Run(Catalog.load())
     device = os.environ.get("SEXPGPU_DP_TEST_DEVICE", "cpu")
-    options = RunOptions(file=file, steps=steps, metrics_dir=out, device=device)
+    options = RunOptions(
+        selection=Selection(file, steps=steps),
+        target=Target(device=device),
+        metrics_dir=out,
+        metrics_sinks=("jsonl",),
+    )
     active.set_up(options, StopWatch())
     outcome = active.train()
     params, states = active.trainer.export()

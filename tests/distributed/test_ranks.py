@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from sexpgpu.errors import PluginError, UsageError
-from sexpgpu.extension import LoweringInfo, RankGroup
-from sexpgpu.lang import compile_file
-from sexpgpu.ranks import SOLO, Solo, check_batches, hand_over, join_group
+from sexpgpu.extension import LoweringInfo, RankGroup, Trainer
+from sexpgpu.ranks import SOLO, Solo, check_batches, join_group
+from tests.catalogs import compile_file
 
 from .kit import HERE, PROGRAM
 
@@ -41,18 +41,18 @@ def test_the_global_batch_must_split_evenly_across_the_ranks():
 
 
 def test_a_trainer_for_one_device_is_refused_several():
-    class OneDevice:
+    class OneDevice(Trainer):  # takes the protocol's default use_group
         choices = {"lowering": "compiled"}
 
     with pytest.raises(PluginError, match="the lowering compiled cannot train on several"):
-        hand_over(OneDevice(), Solo(size=2))
+        OneDevice().use_group(Solo(size=2))
     taken = []
 
     class Several(OneDevice):
         def use_group(self, group):
             taken.append(group)
 
-    hand_over(Several(), Solo(size=2))
+    Several().use_group(Solo(size=2))
     assert taken == [Solo(size=2)]
 
 

@@ -166,12 +166,12 @@ import time
 
 from sexpgpu.extension import StorageBackendInfo
 from sexpgpu.hookspecs import hookimpl
-from sexpgpu.storage import open_location
+from sexpgpu.catalog import Catalog
 
 
 class SlowWrites:
     def __init__(self, uri):
-        self.inner = open_location(uri.removeprefix("slowwrite://"))
+        self.inner = Catalog.load().open_location(uri.removeprefix("slowwrite://"))
 
     def __getattr__(self, name):
         return getattr(self.inner, name)

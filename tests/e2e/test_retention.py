@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from sexpgpu.checkpoint.retention import delete_checkpoint, list_steps, prune
-from sexpgpu.storage import open_location
+from tests.catalogs import open_location
 from tests.foundation.pluginkit import make_plugin
 
 from .helpers import (
@@ -148,13 +148,13 @@ import time
 from sexpgpu.errors import StorageError
 from sexpgpu.extension import StorageBackendInfo
 from sexpgpu.hookspecs import hookimpl
-from sexpgpu.storage import open_location
+from sexpgpu.catalog import Catalog
 
 
 class SlowStorage:
     def __init__(self, uri):
         self.uri = uri.rstrip("/")
-        self.inner = open_location(self.uri.removeprefix("slow://"))
+        self.inner = Catalog.load().open_location(self.uri.removeprefix("slow://"))
 
     def __getattr__(self, name):
         return getattr(self.inner, name)

@@ -146,12 +146,12 @@ import os, time
 
 from sexpgpu.extension import StorageBackendInfo
 from sexpgpu.hookspecs import hookimpl
-from sexpgpu.storage import open_location
+from sexpgpu.catalog import Catalog
 
 
 class SlowMark:
     def __init__(self, uri):
-        self.inner = open_location(uri.removeprefix("slowmark://"))
+        self.inner = Catalog.load().open_location(uri.removeprefix("slowmark://"))
         self.uri = uri
 
     def __getattr__(self, name):

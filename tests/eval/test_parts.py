@@ -9,16 +9,15 @@ import numpy as np
 import pytest
 
 from sexpgpu.errors import CheckpointError
-from sexpgpu.plugins import get_plugins
-from sexpgpu.storage import open_location
 from sexpgpu_eval.follow import read_evaluated, write_evaluated
 from sexpgpu_eval.passes import PassRunner
+from tests.catalogs import open_location, project
 from tests.e2e.helpers import run_sexpgpu, sexpgpu_env
 from tests.foundation.pluginkit import make_plugin
 
 
 def test_the_hooks_supply_the_runner_and_the_five_metrics():
-    plugins = get_plugins()
+    plugins = project()
     (runner,) = plugins.available("sexpgpu_evaluators")
     metrics = {m.name: m for m in plugins.available("sexpgpu_eval_metrics")}
     assert sorted(metrics) == ["accuracy", "bits-per-char", "loss", "perplexity", "top-k-accuracy"]

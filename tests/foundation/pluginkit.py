@@ -94,6 +94,13 @@ def sexpgpu_storage_backends():
     return [StorageBackendInfo(schemes=("mem",), factory=MemStorage, doc="objects in a folder")]
 
 
+def open_location(uri):
+    """A location opened with the catalog the CLI hands its commands."""
+    from sexpgpu.catalog import Catalog
+
+    return click.get_current_context().find_object(Catalog).open_location(uri)
+
+
 @hookimpl
 def sexpgpu_cli_commands(cli):
     @click.group("mem")
@@ -107,8 +114,6 @@ def sexpgpu_cli_commands(cli):
     def put(uri, key, value):
         """Store VALUE at KEY under URI."""
         from sexpgpu.log import get_logger
-        from sexpgpu.storage import open_location
-
         open_location(uri).write(key, value.encode())
         get_logger("mem").info(
             "stored", uri=uri, key=key, aws_secret_access_key="AKIA-VERY-SECRET-42"
@@ -119,16 +124,12 @@ def sexpgpu_cli_commands(cli):
     @click.argument("key")
     def get(uri, key):
         """Print the object at KEY under URI."""
-        from sexpgpu.storage import open_location
-
         click.echo(open_location(uri).read(key).decode())
 
     @mem.command("describe")
     @click.argument("uri")
     def describe(uri):
         """Open any location and describe it."""
-        from sexpgpu.storage import open_location
-
         click.echo(open_location(uri).describe())
 
     cli.add_command(mem)

@@ -130,3 +130,179 @@ def test_no_top_level_package_collides_with_common_names() -> None:
     assert all(name == "sexpgpu" or name.startswith("sexpgpu_") for name in tops), tops
     for folder in PACKAGE_FOLDERS:
         assert not (REPO / folder / "__init__.py").exists(), f"{folder}/ must not be a package"
+
+
+# ---------------------------------------------------------------- the import graph
+
+
+def _module_name(path: Path, folder: str) -> str:
+    parts = list(path.relative_to(REPO / folder).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def project_modules() -> dict[str, Path]:
+    """Every module of the product (core, plugins, storage backends, CLI), by name."""
+    return {
+        _module_name(path, folder): path
+        for folder in PACKAGE_FOLDERS
+        for path in sorted((REPO / folder).rglob("*.py"))
+    }
+
+
+def _runtime_imports(tree: ast.AST, module: str, is_package: bool) -> Iterator[str]:
+    """The absolute module names a module imports when it runs: top-level and inside
+    functions (lazy), but not under ``if TYPE_CHECKING:``."""
+    package = module if is_package else module.rpartition(".")[0]
+
+    def walk(node: ast.AST) -> Iterator[str]:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                yield from (m for stmt in child.orelse for m in walk_one(stmt))
+                continue
+            yield from walk_one(child)
+
+    def walk_one(node: ast.AST) -> Iterator[str]:
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            for alias in node.names:
+                yield f"{base}.{alias.name}"  # a submodule, when it is one
+                yield base
+        yield from walk(node)
+
+    yield from walk(tree)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the project modules it imports at run time (explicit imports only:
+    a module's own packages, which Python imports first, are not edges)."""
+    modules = project_modules()
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(), str(path))
+        targets = set(_runtime_imports(tree, name, path.name == "__init__.py"))
+        # ``from pkg import name`` names a submodule or something in pkg's __init__
+        edges = {t for t in targets if t in modules}
+        # the package itself, for a name taken from its __init__ (not a submodule)
+        edges |= {t.rpartition(".")[0] for t in targets - edges if t.rpartition(".")[0] in modules}
+        graph[name] = edges - {name}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    counter = [0]
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = counter[0]
+        counter[0] += 1
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_there_is_no_import_cycle_lazy_imports_included() -> None:
+    graph = import_graph()
+    assert "sexpgpu.catalog" in graph["sexpgpu_cli.group"]  # the scan sees real edges
+    assert cycles(graph) == []
+
+
+def test_the_cycle_finder_can_fail() -> None:
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    tree = ast.parse(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    import sexpgpu.train\n"
+        "def f():\n    from sexpgpu import session\n    from . import sibling\n"
+    )
+    found = set(_runtime_imports(tree, "sexpgpu.lang.x", False))
+    assert "sexpgpu.train" not in found
+    assert {"sexpgpu.session", "sexpgpu.lang.sibling"} <= found
+
+
+def test_only_the_catalog_builds_pluggys_manager() -> None:
+    """pluggy is the catalog's: hookspecs takes only its markers from it."""
+    users = {}
+    for name, path in project_modules().items():
+        source = path.read_text()
+        tops = {m.split(".")[0] for m, _ in imported_modules(source, str(path))}
+        if "pluggy" in tops:
+            users[name] = "PluginManager" in source
+    assert users == {"sexpgpu.catalog": True, "sexpgpu.hookspecs": False}
+
+
+# ---------------------------------------------------------------- a core read in one sitting
+
+
+def _lines(path: Path) -> int:
+    return len(path.read_text().splitlines())
+
+
+CORE = REPO / "core" / "sexpgpu"
+LIBRARIES = ("lang", "checkpoint")
+"""The core's torch-free libraries, each a package with its own tests."""
+
+
+def test_the_step_loop_reads_in_one_sitting() -> None:
+    assert _lines(CORE / "train.py") <= 400
+
+
+def test_the_core_outside_its_libraries_is_small() -> None:
+    outside = [p for p in CORE.rglob("*.py") if p.relative_to(CORE).parts[0] not in LIBRARIES]
+    assert sum(map(_lines, outside)) <= 4000
+
+
+def test_no_module_of_the_core_is_a_book() -> None:
+    long = {str(p.relative_to(REPO)): _lines(p) for p in CORE.rglob("*.py") if _lines(p) > 700}
+    assert long == {}
+
+
+def _plugin_names() -> set[str]:
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    return set(pyproject["project"]["entry-points"]["sexpgpu"])
+
+
+def test_the_core_names_no_plugin() -> None:
+    """No string in the core outside its language (whose forms are its own words, such
+    as ``eval``) is a built-in plugin's name or one of their files."""
+    names = _plugin_names() | {"events.jsonl"}
+    named = []
+    for path in sorted(CORE.rglob("*.py")):
+        if path.relative_to(CORE).parts[0] == "lang":
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and node.value in names:
+                named.append(f"{path.relative_to(REPO)}:{node.lineno}: {node.value!r}")
+    assert named == []

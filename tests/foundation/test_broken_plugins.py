@@ -221,10 +221,10 @@ def test_disabled_plugin_supplies_nothing(site: dict) -> None:
     help_ = _sexpgpu(site, "--help", SEXPGPU_DISABLE_PLUGINS="mem")
     assert "mem" not in help_.stdout.split("Commands:", 1)[1].split()
     code = """
+        from sexpgpu.catalog import Catalog
         from sexpgpu.errors import SexpError
-        from sexpgpu.storage import open_location
         try:
-            open_location("mem://x")
+            Catalog.load().open_location("mem://x")
         except SexpError as exc:
             print(exc)
     """
@@ -321,10 +321,10 @@ def test_tensorboard_is_available_with_the_dev_extra(tmp_path: Path) -> None:
 OPEN_WITHOUT = """
 import sys
 sys.modules[{blocked!r}] = None
+from sexpgpu.catalog import Catalog
 from sexpgpu.errors import SexpError
-from sexpgpu.storage import open_location
 try:
-    open_location({uri!r})
+    Catalog.load().open_location({uri!r})
 except SexpError as exc:
     print(type(exc).__name__ + ": " + str(exc))
 """

@@ -9,17 +9,15 @@ from typing import Any
 
 import pytest
 
+from sexpgpu.choices import Choices, parse_requests, requested_sites
 from sexpgpu.errors import CheckpointError, PluginError, Pos, UsageError
 from sexpgpu.extension import KernelInfo
 from sexpgpu.graph import ChoiceSite
-from sexpgpu.kernels import (
-    Pins,
-    choose_kernels,
-    parse_requests,
-    pin_requests,
-    recorded,
-    requested_sites,
-)
+from sexpgpu.kernels import choose_kernels, recorded
+from sexpgpu.session import Target
+
+OPTIONS = {"cpu.threads": "--threads"}
+"""The choices `sexpgpu run` sets with options of its own, besides --lowering."""
 
 POS = Pos("toy.sx", 1, 1)
 A1, A2, S = "attention:net.a1", "attention:net.a2", "stack:net.blocks"
@@ -53,9 +51,16 @@ KERNELS = [
 ]
 
 
-def _choose(program: Any, pinned: Any) -> dict[str, str]:
+def pin_requests(program: Any, requests: Any, pinned: Any) -> Choices:
+    """The run's choices: ``--choose requests`` against a checkpoint's ``pinned``."""
+    return Target(choose=dict(requests or {}), options=OPTIONS).choices(program, pinned)
+
+
+def _choose(program: Any, choices: Any) -> dict[str, str]:
+    if not isinstance(choices, Choices):  # a checkpoint's record
+        choices = Choices(recorded=choices or {})
     return recorded(
-        choose_kernels(program, lowering="toy", device="cpu", kernels=KERNELS, pinned=pinned)
+        choose_kernels(program, lowering="toy", device="cpu", kernels=KERNELS, choices=choices)
     )
 
 
@@ -99,7 +104,7 @@ def test_a_kind_names_each_of_its_sites_and_a_full_name_wins_over_it() -> None:
 )
 def test_a_target_the_program_lacks_is_a_usage_error(target: str, says: str) -> None:
     with pytest.raises(UsageError) as caught:
-        requested_sites(_program(), {target: "plain"})
+        requested_sites(_program(), {target: "plain"}, OPTIONS)
     assert str(caught.value).startswith(f"--choose {target}=plain: ")
     assert says in str(caught.value)
 
@@ -114,8 +119,8 @@ def test_a_program_without_sites_says_it_has_none() -> None:
 
 def test_no_request_leaves_the_pins_as_they_are() -> None:
     pins = {A1: "plain"}
-    assert pin_requests(_program(), {}, pins) is pins
-    assert pin_requests(_program(), None, None) is None
+    assert pin_requests(_program(), {}, pins).pins() == pins
+    assert pin_requests(_program(), None, None).pins() == {}
 
 
 def test_a_request_against_the_recorded_kernel_is_e_choice_001() -> None:
@@ -130,9 +135,9 @@ def test_a_request_against_the_recorded_kernel_is_e_choice_001() -> None:
 
 def test_a_request_equal_to_the_record_is_the_recorded_pin() -> None:
     pins = pin_requests(_program(), {A1: "plain", A2: "fast"}, {A1: "plain"})
-    assert isinstance(pins, Pins)
-    assert dict(pins) == {A1: "plain", A2: "fast"}
-    assert pins.requested == {A2: f"--choose {A2}=fast"}  # A1 stays a recorded pin
+    assert pins.pins() == {A1: "plain", A2: "fast"}
+    assert pins.asked == {A2: f"--choose {A2}=fast"}  # A1 stays a recorded pin
+    assert not pins.is_request(A1) and pins.is_request(A2)
 
 
 # ------------------------------------------------------------------ the rule takes it
@@ -175,9 +180,13 @@ def test_a_request_that_does_not_fit_lists_the_kernels_that_do(name: str) -> Non
     )
 
 
-def test_a_recorded_pin_keeps_its_own_error_and_a_plain_copy_keeps_the_pins() -> None:
+def test_a_recorded_pin_keeps_its_own_error() -> None:
     with pytest.raises(CheckpointError, match=r"^E-CHOICE-001: the recorded choice 'nope'"):
         _choose(_program(), {A1: "nope"})
-    # a lowering that copies `pinned` into a dict loses the checks, never the choice
-    copied = dict(pin_requests(_program(), {"stack": "recompute"}, None) or {})
-    assert _choose(_program(), copied)[S] == "recompute"
+
+
+def test_fresh_choices_drop_the_record_and_keep_the_requests() -> None:
+    target = Target(choose={"stack": "recompute"}, fresh=True)
+    choices = target.choices(_program(), {S: "unrolled", A1: "fast"})
+    assert choices.pins() == {S: "recompute"}
+    assert _choose(_program(), choices) == {A1: "plain", A2: "plain", S: "recompute"}

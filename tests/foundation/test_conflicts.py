@@ -130,8 +130,8 @@ def test_what_is_not_contested_keeps_working(project: Path) -> None:
     mark = project / "shadow.mark"
     site = install(project / "site", "aaa-shadow")
     code = """
-        from sexpgpu.storage import open_location
-        print(open_location("shadow://x").describe())
+        from sexpgpu.catalog import Catalog
+        print(Catalog.load().open_location("shadow://x").describe())
     """
     result = run_python(code, cwd=project, pythonpath=[site], SHADOW_MARK=str(mark))
     assert result.returncode == 0, result.stderr

@@ -1,5 +1,6 @@
 """Each hook, answered by a third-party plugin found through a real dist-info on
-sys.path, reaches the core through sexpgpu.plugins as documented in docs/plugins.md."""
+sys.path, reaches the core through the catalog (sexpgpu.catalog) as documented in
+docs/plugins.md."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from sexpgpu import plugins as plugin_loading
+from sexpgpu.catalog import Catalog
 from sexpgpu.errors import PluginError, SexpError
 from sexpgpu.extension import (
     DataSourceInfo,
@@ -20,6 +21,7 @@ from sexpgpu.extension import (
     MetricsSinkInfo,
     OptimizerInfo,
     StorageBackendInfo,
+    module_missing,
 )
 
 from .pluginkit import make_plugin
@@ -128,7 +130,7 @@ def sexpgpu_storage_backends():
 
 @pytest.fixture
 def loaded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """The process-wide plugins with two third-party plugins installed on sys.path."""
+    """The catalog with two third-party plugins installed on sys.path."""
     tag = uuid.uuid4().hex[:8]
     modules = {"allhooks": f"t_allhooks_{tag}", "nodep": f"t_nodep_{tag}"}
     make_plugin(
@@ -141,9 +143,7 @@ def loaded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
         monkeypatch.delenv(variable, raising=False)
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.syspath_prepend(str(tmp_path / "other"))
-    plugin_loading.reset_plugins()
-    yield plugin_loading.get_plugins()
-    plugin_loading.reset_plugins()
+    yield Catalog.load()
     for module in modules.values():
         sys.modules.pop(module, None)
 
@@ -207,12 +207,10 @@ def test_sexpgpu_optimizers(loaded) -> None:
 
 
 def test_sexpgpu_storage_backends(loaded) -> None:
-    from sexpgpu.storage import open_location
-
     plugins = loaded
     infos = [i for i in plugins.available("sexpgpu_storage_backends") if "tmem" in i.schemes]
     assert len(infos) == 1 and isinstance(infos[0], StorageBackendInfo)
-    assert open_location("tmem2://bucket/x") == "STORAGE"
+    assert plugins.open_location("tmem2://bucket/x") == "STORAGE"
     assert _module(loaded).CALLED == [("storage", ("tmem2://bucket/x",))]
 
 
@@ -248,7 +246,7 @@ def test_sexpgpu_cli_commands(loaded) -> None:
     def root() -> None:
         """A root group standing in for the sexpgpu CLI."""
 
-    plugins.register_commands(root)
+    plugins.add_commands(root)
     assert "t-hello" in root.commands
     # the unavailable plugin supplies no command and is not asked
     result = CliRunner().invoke(root, ["t-hello"])
@@ -263,10 +261,8 @@ def test_sexpgpu_unavailable(loaded) -> None:
     assert record.hooks == ["sexpgpu_storage_backends", "sexpgpu_unavailable"]
     # its descriptors are still visible (to explain), never handed out
     assert not any("tnodep" in i.schemes for i in plugins.available("sexpgpu_storage_backends"))
-    from sexpgpu.storage import open_location
-
     with pytest.raises(PluginError) as caught:
-        open_location("tnodep://x")
+        plugins.open_location("tnodep://x")
     assert isinstance(caught.value, SexpError)
     assert str(caught.value) == (
         "the location tnodep://x (tnodep://) needs the plugin 'tnodep', which is unavailable: "
@@ -276,12 +272,10 @@ def test_sexpgpu_unavailable(loaded) -> None:
 
 def test_module_missing_never_imports(monkeypatch: pytest.MonkeyPatch) -> None:
     """module_missing finds modules without importing them, and honours a blocked one."""
-    assert plugin_loading.module_missing("json", "hint") is None
-    assert plugin_loading.module_missing("no_such_module_xyz", "pip install x") == (
+    assert module_missing("json", "hint") is None
+    assert module_missing("no_such_module_xyz", "pip install x") == (
         "no_such_module_xyz is not installed: pip install x"
     )
-    assert plugin_loading.module_missing("no_such_pkg_xyz.sub", "h") == (
-        "no_such_pkg_xyz.sub is not installed: h"
-    )
+    assert module_missing("no_such_pkg_xyz.sub", "h") == ("no_such_pkg_xyz.sub is not installed: h")
     monkeypatch.setitem(sys.modules, "json", None)  # how Python marks a module unimportable
-    assert plugin_loading.module_missing("json", "h") == "json is not installed: h"
+    assert module_missing("json", "h") == "json is not installed: h"

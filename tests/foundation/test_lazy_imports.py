@@ -80,4 +80,4 @@ def test_the_heavy_check_can_fail() -> None:
         "torch",
         "torch.nn",
     ]
-    assert heavy({"google", "google.cloud", "click", "sexpgpu.plugins"}) == []
+    assert heavy({"google", "google.cloud", "click", "sexpgpu.catalog"}) == []

@@ -26,8 +26,10 @@ PROGRAM = """
 
 SCRIPT = """
 import json
-import sexpgpu.run as loop
-from sexpgpu.run import RunOptions, run
+import sexpgpu.session as session
+from sexpgpu.catalog import Catalog
+from sexpgpu.session import Selection
+from sexpgpu.train import RunOptions, run
 
 seen = []
 
@@ -59,9 +61,20 @@ class Late:
         self.inner.commit(proposal.inner)
 
 
-lower = loop.lower_program
-loop.lower_program = lambda *args, **kwargs: Late(lower(*args, **kwargs))
-outcome = run(RunOptions(file="late.sx", metrics_dir="m", checkpoint_dir="ck"))
+lower = session.lower
+
+
+def late_lower(*args, **kwargs):
+    lowered = lower(*args, **kwargs)
+    lowered.trainer = Late(lowered.trainer)
+    return lowered
+
+
+session.lower = late_lower
+options = RunOptions(
+    Selection("late.sx"), metrics_dir="m", metrics_sinks=("jsonl",), checkpoint_dir="ck"
+)
+outcome = run(options, Catalog.load())
 print(json.dumps({"code": outcome.exit_code, "seen": seen}))
 """
 

@@ -172,11 +172,11 @@ def test_installed_wheel_works(wheel: Path, tmp_path: Path) -> None:
         import json, sys
         from importlib.resources import files
         import sexpgpu, sexpgpu_cli.main
-        from sexpgpu.plugins import get_plugins
+        from sexpgpu.catalog import Catalog
         print(json.dumps({
             "core": sexpgpu.__file__,
             "prelude": files("sexpgpu.lang").joinpath("core.sx").is_file(),
-            "plugins": {r.name: r.plugin.__file__ for r in get_plugins().records if r.plugin},
+            "plugins": {r.name: r.plugin.__file__ for r in Catalog.load().records if r.plugin},
         }))
     """
     result = run_python(code, cwd=tmp_path, pythonpath=[target])

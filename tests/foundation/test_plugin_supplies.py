@@ -1,5 +1,5 @@
 """The conflict table and its helpers (sexpgpu.plugin_supplies), and what
-Plugins.available / require hand out when two plugins claim one thing."""
+Catalog.available / require hand out when two plugins claim one thing."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sexpgpu import plugins as plugin_loading
+from sexpgpu.catalog import HOOK_NAMES, Catalog
 from sexpgpu.errors import PluginError
 from sexpgpu.extension import KernelInfo, OpInfo, OptimizerInfo, StorageBackendInfo
 from sexpgpu.plugin_supplies import (
@@ -26,7 +26,7 @@ from .pluginkit import make_plugin
 
 
 def test_every_hook_that_supplies_things_has_a_conflict_key() -> None:
-    assert set(SUPPLIES) | {COMMANDS_HOOK, "sexpgpu_unavailable"} == set(plugin_loading.HOOK_NAMES)
+    assert set(SUPPLIES) | {COMMANDS_HOOK, "sexpgpu_unavailable"} == set(HOOK_NAMES)
 
 
 def _kernel(name: str, lowering: str = "torch") -> KernelInfo:
@@ -118,7 +118,7 @@ def test_exception_text_keeps_every_line_and_the_cause() -> None:
 
 
 def test_nearest() -> None:
-    hooks = plugin_loading.HOOK_NAMES
+    hooks = HOOK_NAMES
     assert nearest("sexpgpu_metric_sinks", hooks) == "sexpgpu_metrics_sinks"
     assert nearest("sexpgpu_kernel", hooks) == "sexpgpu_kernels"
     assert nearest("completely_else", hooks) is None
@@ -140,16 +140,14 @@ def sexpgpu_optimizers():
 
 @pytest.fixture
 def twins(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """The process-wide plugins with two plugins both supplying optimizer ``t-dup``."""
+    """The catalog with two plugins both supplying optimizer ``t-dup``."""
     tag = uuid.uuid4().hex[:8]
     modules = [f"t_twin_a_{tag}", f"t_twin_b_{tag}"]
     for module, lr, name in zip(modules, (1, 2), ("twin-a", "twin-b"), strict=True):
         make_plugin(tmp_path / name, name, {module: TWIN.format(lr=lr)}, {name: module})
         monkeypatch.syspath_prepend(str(tmp_path / name))
     monkeypatch.delenv("SEXPGPU_DISABLE_PLUGINS", raising=False)
-    plugin_loading.reset_plugins()
-    yield plugin_loading.get_plugins()
-    plugin_loading.reset_plugins()
+    yield Catalog.load()
     for module in modules:
         sys.modules.pop(module, None)
 

@@ -181,10 +181,12 @@ def test_a_forked_child_gets_the_signals_back(watch):
 
 LIBRARY = """
 import signal
-from sexpgpu.run import RunOptions, run
+from sexpgpu.catalog import Catalog
+from sexpgpu.session import Selection
+from sexpgpu.train import RunOptions, run
 
 before = signal.getsignal(signal.SIGTERM)
-outcome = run(RunOptions(file={example!r}, steps=2, metrics_dir="m"))
+outcome = run(RunOptions(Selection({example!r}, steps=2), metrics_dir="m"), Catalog.load())
 assert signal.getsignal(signal.SIGTERM) == before, "the signals were not given back"
 assert signal.set_wakeup_fd(-1) == -1, "the wakeup pipe was not given back"
 print(outcome.exit_code, outcome.step)

@@ -113,12 +113,13 @@ def test_plugins_lists_the_third_party_plugin(mem: dict) -> None:
 
 
 def test_open_location_uses_the_plugin_storage(mem: dict) -> None:
-    """sexpgpu_storage_backends: open_location("mem://x") returns the plugin's Storage,
-    and every Storage operation round-trips."""
+    """sexpgpu_storage_backends: the catalog's open_location("mem://x") returns the
+    plugin's Storage, and every Storage operation round-trips."""
     code = """
-        from sexpgpu.storage import open_location, scheme_of
+        from sexpgpu.catalog import Catalog
+        from sexpgpu.storage import scheme_of
 
-        store = open_location("mem://x/")
+        store = Catalog.load().open_location("mem://x/")
         print(type(store).__module__, type(store).__name__, store.uri, scheme_of("mem://x"))
         store.check_writable()
         store.write("a/b.bin", b"0123456789")

@@ -15,6 +15,7 @@ from safetensors.torch import save_file as save_torch_file
 from sexpgpu.errors import Pos, SexpError, SourceError
 from sexpgpu.graph import Init, LoadSpec, ParamDecl, TensorType
 from sexpgpu.loading import Loads, open_storage, read_header
+from tests.catalogs import open_location
 
 POS = Pos("model.sx", 3, 10)
 
@@ -48,9 +49,9 @@ def test_only_the_header_and_the_named_tensor_are_read(tmp_path: Path) -> None:
     small = np.arange(6, dtype=np.float32).reshape(2, 3)
     save_file({"big": big, "small": small}, str(tmp_path / "w.safetensors"))
     uri = str(tmp_path / "w.safetensors")
-    loads = Loads([decl("model.s", (2, 3), uri, "small")])
+    loads = Loads(open_location=open_location, params=[decl("model.s", (2, 3), uri, "small")])
     loads.check()
-    storage, key = open_storage(uri)
+    storage, key = open_storage(uri, open_location)
     counting = Counting(storage)
     file = read_header(counting, key, uri)
     loads._files[uri] = file
@@ -68,7 +69,10 @@ def test_only_the_header_and_the_named_tensor_are_read(tmp_path: Path) -> None:
 def test_half_and_single_floats_load_exactly_as_f32(tmp_path: Path, dtype) -> None:
     values = torch.randn(4, 5).to(dtype)
     save_torch_file({"w": values}, str(tmp_path / "w.safetensors"))
-    loads = Loads([decl("model.w", (4, 5), str(tmp_path / "w.safetensors"), "w")])
+    loads = Loads(
+        open_location=open_location,
+        params=[decl("model.w", (4, 5), str(tmp_path / "w.safetensors"), "w")],
+    )
     loads.check()
     got = loads.read()["model.w"]
     assert got.dtype == np.float32
@@ -77,7 +81,10 @@ def test_half_and_single_floats_load_exactly_as_f32(tmp_path: Path, dtype) -> No
 
 def test_an_integer_tensor_is_refused_with_the_position(tmp_path: Path) -> None:
     save_file({"w": np.zeros((2, 2), np.int64)}, str(tmp_path / "w.safetensors"))
-    loads = Loads([decl("model.w", (2, 2), str(tmp_path / "w.safetensors"), "w")])
+    loads = Loads(
+        open_location=open_location,
+        params=[decl("model.w", (2, 2), str(tmp_path / "w.safetensors"), "w")],
+    )
     with pytest.raises(SourceError) as caught:
         loads.check()
     assert caught.value.render() == (
@@ -92,7 +99,10 @@ def test_a_missing_tensor_names_the_nearest(tmp_path: Path) -> None:
         str(tmp_path / "w.safetensors"),
     )
     loads = Loads(
-        [decl("model.q", (2, 2), str(tmp_path / "w.safetensors"), "encoder.layer.0.qery.weight")]
+        open_location=open_location,
+        params=[
+            decl("model.q", (2, 2), str(tmp_path / "w.safetensors"), "encoder.layer.0.qery.weight")
+        ],
     )
     with pytest.raises(SourceError) as caught:
         loads.check()
@@ -103,7 +113,10 @@ def test_a_missing_tensor_names_the_nearest(tmp_path: Path) -> None:
 
 def test_a_shape_that_is_not_the_parameters_is_refused(tmp_path: Path) -> None:
     save_file({"w": np.zeros((3, 2), np.float32)}, str(tmp_path / "w.safetensors"))
-    loads = Loads([decl("model.w", (2, 3), str(tmp_path / "w.safetensors"), "w")])
+    loads = Loads(
+        open_location=open_location,
+        params=[decl("model.w", (2, 3), str(tmp_path / "w.safetensors"), "w")],
+    )
     with pytest.raises(SourceError) as caught:
         loads.check()
     assert caught.value.code == "E-LOAD-004"
@@ -124,7 +137,10 @@ def test_an_index_names_the_shard(tmp_path: Path) -> None:
     }
     (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
     uri = str(tmp_path / "model.safetensors.index.json")
-    loads = Loads([decl("model.a", (2,), uri, "a"), decl("model.b", (3,), uri, "b")])
+    loads = Loads(
+        open_location=open_location,
+        params=[decl("model.a", (2,), uri, "a"), decl("model.b", (3,), uri, "b")],
+    )
     loads.check()
     pinned = loads.identities()
     assert pinned["model.b"]["uri"] == str(tmp_path / "model-00002-of-00002.safetensors")
@@ -150,7 +166,10 @@ def test_a_file_that_is_not_safetensors_is_one_line(
     tmp_path: Path, content: bytes, said: str
 ) -> None:
     (tmp_path / "w.safetensors").write_bytes(content)
-    loads = Loads([decl("model.w", (2,), str(tmp_path / "w.safetensors"), "w")])
+    loads = Loads(
+        open_location=open_location,
+        params=[decl("model.w", (2,), str(tmp_path / "w.safetensors"), "w")],
+    )
     with pytest.raises(SexpError) as caught:
         loads.check()
     assert caught.value.code == "E-LOAD-002"
@@ -163,7 +182,10 @@ def test_a_truncated_tensor_is_refused_when_read(tmp_path: Path) -> None:
     save_file({"w": np.zeros((64,), np.float32)}, str(tmp_path / "w.safetensors"))
     data = (tmp_path / "w.safetensors").read_bytes()
     (tmp_path / "w.safetensors").write_bytes(data[:-100])
-    loads = Loads([decl("model.w", (64,), str(tmp_path / "w.safetensors"), "w")])
+    loads = Loads(
+        open_location=open_location,
+        params=[decl("model.w", (64,), str(tmp_path / "w.safetensors"), "w")],
+    )
     loads.check()
     with pytest.raises(SexpError) as caught:
         loads.read()
@@ -174,7 +196,7 @@ def test_a_truncated_tensor_is_refused_when_read(tmp_path: Path) -> None:
 def test_a_file_rewritten_while_it_is_read_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "w.safetensors"
     save_file({"w": np.zeros((4,), np.float32)}, str(path))
-    loads = Loads([decl("model.w", (4,), str(path), "w")])
+    loads = Loads(open_location=open_location, params=[decl("model.w", (4,), str(path), "w")])
     loads.check()
     save_file({"w": np.zeros((4,), np.float32), "extra": np.ones((1,), np.float32)}, str(path))
     with pytest.raises(SexpError) as caught:
@@ -183,7 +205,10 @@ def test_a_file_rewritten_while_it_is_read_is_refused(tmp_path: Path) -> None:
 
 
 def test_a_missing_file_keeps_the_storage_code_and_gets_the_position(tmp_path: Path) -> None:
-    loads = Loads([decl("model.w", (4,), str(tmp_path / "gone.safetensors"), "w")])
+    loads = Loads(
+        open_location=open_location,
+        params=[decl("model.w", (4,), str(tmp_path / "gone.safetensors"), "w")],
+    )
     with pytest.raises(SexpError) as caught:
         loads.check()
     assert caught.value.code == "E-STORAGE-003"
@@ -196,7 +221,10 @@ def test_an_identity_is_read_once_per_file(tmp_path: Path) -> None:
         str(tmp_path / "w.safetensors"),
     )
     uri = str(tmp_path / "w.safetensors")
-    loads = Loads([decl("model.a", (2,), uri, "a"), decl("model.b", (2,), uri, "b")])
+    loads = Loads(
+        open_location=open_location,
+        params=[decl("model.a", (2,), uri, "a"), decl("model.b", (2,), uri, "b")],
+    )
     loads.check()
     calls = []
     file = loads._files[uri]

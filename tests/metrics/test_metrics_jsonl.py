@@ -13,8 +13,8 @@ import time
 import pytest
 
 from sexpgpu.metrics import MetricsStream, open_sinks
-from sexpgpu.plugins import get_plugins
 from sexpgpu_jsonl.sink import JsonlSink, events_path, read_events
+from tests.catalogs import project
 
 PATIENCE = 30.0
 
@@ -27,7 +27,9 @@ def _strict_loads(line: str) -> dict:
 
 
 def _run(metrics_dir, slug, steps, *, done=True):
-    stream = MetricsStream(open_sinks(["jsonl"], str(metrics_dir), slug), experiment=slug)
+    stream = MetricsStream(
+        open_sinks(["jsonl"], str(metrics_dir), slug, project()), experiment=slug
+    )
     for step in steps:
         stream.point(step, "loss", 1.0 / step)
     if done:
@@ -36,16 +38,16 @@ def _run(metrics_dir, slug, steps, *, done=True):
 
 
 def test_the_plugin_supplies_the_jsonl_sink():
-    record = get_plugins().record("jsonl")
+    record = project().record("jsonl")
     assert record is not None and record.available
     assert "sexpgpu_metrics_sinks" in record.hooks
-    names = [info.name for info in get_plugins().available("sexpgpu_metrics_sinks")]
+    names = [info.name for info in project().available("sexpgpu_metrics_sinks")]
     assert "jsonl" in names
 
 
 def test_one_strict_json_object_per_line(tmp_path):
     slug = "my-run-3f9a1c"
-    stream = MetricsStream(open_sinks(["jsonl"], str(tmp_path), slug), experiment=slug)
+    stream = MetricsStream(open_sinks(["jsonl"], str(tmp_path), slug, project()), experiment=slug)
     stream.point(1, "loss", float("nan"))
     stream.point(1, "grad", float("inf"))
     stream.annotation(2, "checkpoint ünïcode", seconds=0.25, where=tmp_path, bad=float("-inf"))
@@ -106,7 +108,7 @@ def test_a_failed_write_reopens_the_file_and_retries(tmp_path):
 
 def test_events_reach_the_file_before_the_stream_is_closed(tmp_path):
     slug = "live"
-    stream = MetricsStream(open_sinks(["jsonl"], str(tmp_path), slug), experiment=slug)
+    stream = MetricsStream(open_sinks(["jsonl"], str(tmp_path), slug, project()), experiment=slug)
     stream.point(1, "loss", 0.5)
     path = events_path(tmp_path, slug)
     give_up = time.monotonic() + PATIENCE
@@ -121,8 +123,11 @@ def test_events_written_before_a_kill_are_in_the_file(tmp_path):
     child = textwrap.dedent(
         f"""
         import sys, time
+        from sexpgpu.catalog import Catalog
         from sexpgpu.metrics import MetricsStream, open_sinks
-        stream = MetricsStream(open_sinks(["jsonl"], {str(tmp_path)!r}, "killed"), experiment="killed")
+        stream = MetricsStream(
+            open_sinks(["jsonl"], {str(tmp_path)!r}, "killed", Catalog.load()), experiment="killed"
+        )
         for step in range(1, 6):
             stream.point(step, "loss", 0.5)
         while stream.pending():

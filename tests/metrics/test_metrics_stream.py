@@ -13,6 +13,7 @@ import structlog
 from sexpgpu.errors import PluginError, RunError
 from sexpgpu.log import get_logger
 from sexpgpu.metrics import RESERVED_KEYS, MetricsStream, new_slug, open_sinks
+from tests.catalogs import project
 
 # Generous bound for "the background thread got there": a bound on a hang, not a timing claim.
 PATIENCE = 30.0
@@ -230,7 +231,7 @@ def test_new_slug_is_the_stem_and_a_short_unique_suffix():
 
 
 def test_open_sinks_resolves_names_through_the_plugins(tmp_path):
-    sinks = open_sinks(["jsonl", "jsonl"], str(tmp_path), "exp-000001")
+    sinks = open_sinks(["jsonl", "jsonl"], str(tmp_path), "exp-000001", project())
     assert [type(s).__name__ for s in sinks] == ["JsonlSink"]
     for sink in sinks:
         sink.close()
@@ -239,14 +240,14 @@ def test_open_sinks_resolves_names_through_the_plugins(tmp_path):
 
 def test_open_sinks_names_an_unknown_sink(tmp_path):
     with pytest.raises(PluginError, match=r"no installed plugin supplies the metrics sink 'nope'"):
-        open_sinks(["jsonl", "nope"], str(tmp_path), "exp")
+        open_sinks(["jsonl", "nope"], str(tmp_path), "exp", project())
 
 
 def test_open_sinks_says_why_a_folder_cannot_be_used(tmp_path):
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("")
     with pytest.raises(RunError) as info:
-        open_sinks(["jsonl"], str(blocker), "exp")
+        open_sinks(["jsonl"], str(blocker), "exp", project())
     message = str(info.value)
     assert message.startswith("the metrics sink 'jsonl' cannot be opened: ")
     assert "\n" not in message

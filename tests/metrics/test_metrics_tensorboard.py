@@ -10,18 +10,20 @@ import sys
 import pytest
 
 from sexpgpu.metrics import MetricsStream, open_sinks
+from tests.catalogs import project
 
 # What a machine without tensorboard sees: the module blocked in a fresh interpreter.
 WITHOUT_TENSORBOARD = """
 import json, sys
 sys.modules["tensorboard"] = None
 from sexpgpu.errors import SexpError
+from sexpgpu.catalog import Catalog
 from sexpgpu.metrics import open_sinks
-from sexpgpu.plugins import get_plugins
-record = get_plugins().record("tensorboard")
-names = [info.name for info in get_plugins().available("sexpgpu_metrics_sinks")]
+catalog = Catalog.load()
+record = catalog.record("tensorboard")
+names = [info.name for info in catalog.available("sexpgpu_metrics_sinks")]
 try:
-    open_sinks(["tensorboard"], sys.argv[1], "exp")
+    open_sinks(["tensorboard"], sys.argv[1], "exp", catalog)
     opened = "opened"
 except SexpError as exc:
     opened = str(exc)
@@ -57,7 +59,9 @@ def test_points_and_annotations_read_back_by_tensorboard(tmp_path):
 
     slug = "my-run-3f9a1c"
     for steps in ([1, 2], [3]):  # a resumed run adds a second event file
-        stream = MetricsStream(open_sinks(["tensorboard"], str(tmp_path), slug), experiment=slug)
+        stream = MetricsStream(
+            open_sinks(["tensorboard"], str(tmp_path), slug, project()), experiment=slug
+        )
         for step in steps:
             stream.point(step, "loss", 1.0 / step)
         stream.annotation(steps[-1], "checkpoint step", seconds=0.5)
@@ -88,7 +92,9 @@ def test_annotations_render_in_tensorboard_one_line_per_line(tmp_path):
 
     slug = "my-run-3f9a1c"
     text = "resumed from ck/step-00000004\nknob lr 0.5 -> 0.25\nsource my-run.sx changed"
-    stream = MetricsStream(open_sinks(["tensorboard"], str(tmp_path), slug), experiment=slug)
+    stream = MetricsStream(
+        open_sinks(["tensorboard"], str(tmp_path), slug, project()), experiment=slug
+    )
     stream.annotation(4, text, seconds=0.5, blocked=0.01)
     stream.done(6)
     assert stream.close(timeout=None) == 0

@@ -218,10 +218,11 @@ def test_down_mid_run_then_interrupted_and_resumed_into_one_mlflow_run(mlflow_se
 WITHOUT_MLFLOW = """
 import sys
 sys.modules["mlflow"] = None
+from sexpgpu.catalog import Catalog
 from sexpgpu.errors import SexpError
 from sexpgpu.metrics import open_sinks
 try:
-    open_sinks(["mlflow"], sys.argv[1], "exp")
+    open_sinks(["mlflow"], sys.argv[1], "exp", Catalog.load())
 except SexpError as exc:
     print(exc)
 """

@@ -109,7 +109,7 @@ def test_process_state_of_a_running_status():
 
 
 def test_the_default_metrics_folder_is_the_one_runs_report_into():
-    from sexpgpu.run import DEFAULT_METRICS_DIR
+    from sexpgpu.train import DEFAULT_METRICS_DIR
     from sexpgpu_report.command import report, runs
 
     for command in (runs, report):

@@ -69,8 +69,6 @@ def location(request, tmp_path) -> str:
 @pytest.fixture
 def store(location):
     """The location opened through the plugins, as the checkpoint layer opens it."""
-    from sexpgpu.plugins import reset_plugins
-    from sexpgpu.storage import open_location
+    from sexpgpu.catalog import Catalog
 
-    reset_plugins()
-    return open_location(location)
+    return Catalog.load().open_location(location)

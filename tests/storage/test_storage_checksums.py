@@ -11,7 +11,7 @@ import google_crc32c
 import pytest
 
 from sexpgpu.errors import StorageError
-from sexpgpu.storage import open_location
+from tests.catalogs import open_location
 from tests.servers import unique_prefix
 
 SMALL = b"a small object\n" * 10

@@ -13,7 +13,7 @@ from sexpgpu.extension import ObjectIdentity
 
 
 def test_uri_is_normalised_without_trailing_slash(location):
-    from sexpgpu.storage import open_location
+    from tests.catalogs import open_location
 
     store = open_location(location + "/")
     assert store.uri == location

@@ -22,10 +22,9 @@ def test_importing_the_plugins_imports_no_heavy_library():
 
 
 def test_plugins_serve_their_schemes(tmp_path):
-    from sexpgpu.plugins import reset_plugins
-    from sexpgpu.storage import open_location
+    from sexpgpu.catalog import Catalog
 
-    reset_plugins()
+    open_location = Catalog.load().open_location
     assert type(open_location(str(tmp_path))).__name__ == "LocalStorage"
     assert type(open_location(tmp_path.as_uri())).__name__ == "LocalStorage"
     assert type(open_location("s3://bucket/prefix")).__name__ == "S3Storage"
@@ -61,11 +60,12 @@ HIDE = textwrap.dedent(
 def test_a_missing_library_makes_the_plugin_unavailable_with_its_hint(uri, hidden, plugin, hint):
     code = HIDE.format(hidden=hidden) + textwrap.dedent(
         f"""
+        from sexpgpu.catalog import Catalog
         from sexpgpu.errors import PluginError
-        from sexpgpu.plugins import get_plugins
-        from sexpgpu.storage import open_location
 
-        record = get_plugins().record({plugin!r})
+        catalog = Catalog.load()
+        open_location = catalog.open_location
+        record = catalog.record({plugin!r})
         print(record.available, record.reason)
         try:
             open_location({uri!r})

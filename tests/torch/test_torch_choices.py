@@ -12,16 +12,41 @@ import pytest
 from torch_build import G, param, program, site, stage
 
 from sexpgpu import kernels as choice
-from sexpgpu.cpu_choices import is_cpu_choice
+from sexpgpu.catalog import Catalog
+from sexpgpu.choices import Choices
 from sexpgpu.errors import CheckpointError, PluginError
-from sexpgpu.extension import KERNEL_CALLS, KernelInfo
+from sexpgpu.extension import KERNEL_CALLS, KernelInfo, Supplies
 from sexpgpu.graph import TensorType
-from sexpgpu.plugins import get_plugins, reset_plugins
 from sexpgpu_torch import kernels as K
+from sexpgpu_torch.cpu_environment import is_cpu_choice
+from tests.catalogs import project
 from tests.foundation.pluginkit import make_plugin
 
+
+def choose(program, *, pinned, lowering="torch", **kw):
+    """The rule, with ``pinned`` choices recorded by a checkpoint."""
+    return choose(program, lowering=lowering, choices=Choices(recorded=pinned or {}), **kw)
+
+
 # The rule as the torch lowering applies it.
-choose_kernels = functools.partial(choice.choose_kernels, lowering="torch")
+choose_kernels = functools.partial(choose, lowering="torch")
+
+
+def torch_lowering(plugins: Catalog):
+    """The torch lowering of ``plugins``, and a ``lower`` that pins ``pinned``."""
+    lowering = next(i for i in plugins.lowerings() if i.name == "torch").factory()
+
+    def lower(program, *, kernels=None, pinned=None):
+        supplies = Supplies(
+            kernels=plugins.kernels() if kernels is None else kernels,
+            optimizers=plugins.optimizers(),
+        )
+        return lowering.lower(
+            program, device="cpu", supplies=supplies, choices=Choices(recorded=pinned or {})
+        )
+
+    return lower
+
 
 ATTN = "attention:model.attn"
 CONV = "conv2d:model.conv"
@@ -42,7 +67,7 @@ def sites_program(deterministic: bool = True, kinds=("attention", "conv2d", "sta
 
 
 def builtin() -> list[KernelInfo]:
-    return get_plugins().available("sexpgpu_kernels")
+    return project().kernels()
 
 
 names = choice.recorded
@@ -127,12 +152,12 @@ def test_another_lowering_takes_only_its_own_kernels_by_the_same_rule() -> None:
         _fake("racy", 20, devices=("cuda",), lowering="cuda-c", deterministic=False),
     ]
     attention_only = sites_program(kinds=("attention",))
-    chosen = choice.choose_kernels(
+    chosen = choose(
         attention_only, lowering="cuda-c", device="cuda:1", kernels=builtin() + theirs, pinned={}
     )
     assert names(chosen) == {ATTN: "high"}
     with pytest.raises(CheckpointError) as info:
-        choice.choose_kernels(
+        choose(
             attention_only,
             lowering="cuda-c",
             device="cuda:1",
@@ -145,9 +170,7 @@ def test_another_lowering_takes_only_its_own_kernels_by_the_same_rule() -> None:
         "(use --choices fresh to choose again)"
     )
     with pytest.raises(PluginError):
-        choice.choose_kernels(
-            sites_program(), lowering="cuda-c", device="cuda", kernels=theirs, pinned=None
-        )
+        choose(sites_program(), lowering="cuda-c", device="cuda", kernels=theirs, pinned=None)
 
 
 def _parameters(fn) -> list[tuple[str, object]]:
@@ -168,18 +191,7 @@ def test_only_the_unrolled_stack_kernel_may_be_inlined() -> None:
 
 
 def test_trainer_records_every_site() -> None:
-    plugins = get_plugins()
-    trainer = (
-        next(info for info in plugins.available("sexpgpu_lowerings") if info.name == "torch")
-        .factory()
-        .lower(
-            sites_program(),
-            device="cpu",
-            kernels=builtin(),
-            optimizers={o.name: o for o in plugins.available("sexpgpu_optimizers")},
-            pinned={CONV: "direct"},
-        )
-    )
+    trainer = torch_lowering(project())(sites_program(), pinned={CONV: "direct"})
     # the kernel choices, and beside them the CPU's (tests/determinism)
     kernel_choices = {k: v for k, v in trainer.choices.items() if not is_cpu_choice(k)}
     assert kernel_choices == {ATTN: "math", CONV: "direct", STACK: "unrolled"}
@@ -218,10 +230,8 @@ def sexpgpu_kernels():
 def third_party(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     site_dir = make_plugin(tmp_path / "site", "myplug", {"myplug": PLUGIN}, {"myplug": "myplug"})
     monkeypatch.syspath_prepend(str(site_dir))
-    reset_plugins()
-    yield
+    yield Catalog.load()
     monkeypatch.undo()
-    reset_plugins()
 
 
 def test_a_third_party_kernel_is_chosen_and_called(third_party) -> None:
@@ -236,22 +246,13 @@ def test_a_third_party_kernel_is_chosen_and_called(third_party) -> None:
         evals=(),
         sites=[site(ATTN, "attention")],
     )
-    plugins = get_plugins()
+    plugins = third_party
     assert plugins.record("myplug") is not None and plugins.record("myplug").available
-    lowering = next(
-        i for i in plugins.available("sexpgpu_lowerings") if i.name == "torch"
-    ).factory()
-    optimizers = {o.name: o for o in plugins.available("sexpgpu_optimizers")}
+    lower = torch_lowering(plugins)
     batch = {"x": np.arange(12, dtype=np.float32).reshape(1, 3, 4) / 10}
     losses = {}
     for pinned in (None, {ATTN: "math"}):
-        trainer = lowering.lower(
-            prog,
-            device="cpu",
-            kernels=plugins.available("sexpgpu_kernels"),
-            optimizers=optimizers,
-            pinned=pinned,
-        )
+        trainer = lower(prog, pinned=pinned)
         trainer.init_params()
         losses[trainer.choices[ATTN]] = trainer.propose(batch, stage=0, step=1, lr=0.1).loss
     assert set(losses) == {"doubled", "math"}
@@ -295,23 +296,13 @@ def test_inline_is_what_the_descriptor_says_not_which_function_it_is() -> None:
     def stack(name: str, inline: bool) -> KernelInfo:
         return KernelInfo("stack", name, "torch", ("cpu",), True, lambda: counted, inline=inline)
 
-    plugins = get_plugins()
-    lowering = next(
-        i for i in plugins.available("sexpgpu_lowerings") if i.name == "torch"
-    ).factory()
-    optimizers = {o.name: o for o in plugins.available("sexpgpu_optimizers")}
+    lower = torch_lowering(project())
     kernels = builtin() + [stack("emitted", True), stack("called", False)]
     batch = {"x": np.linspace(-1, 1, 8, dtype=np.float32).reshape(2, 4)}
     losses, counts = {}, {}
     for name in ("emitted", "called", "unrolled", "looped"):
         calls.clear()
-        trainer = lowering.lower(
-            repeat_program(),
-            device="cpu",
-            kernels=kernels,
-            optimizers=optimizers,
-            pinned={STACK: name},
-        )
+        trainer = lower(repeat_program(), kernels=kernels, pinned={STACK: name})
         trainer.init_params()
         losses[name] = trainer.propose(batch, stage=0, step=1, lr=0.1).loss
         counts[name] = list(calls)

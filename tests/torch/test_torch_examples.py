@@ -12,12 +12,11 @@ import numpy as np
 import pytest
 import torch
 
-from sexpgpu.cpu_choices import CAPABILITY, THREADS, TORCH_VERSION, is_cpu_choice
-from sexpgpu.kernels import LOWERING_CHOICE
-from sexpgpu.lang import compile_file
-from sexpgpu.plugins import get_plugins
-from sexpgpu.run import lower_program, open_data
+from sexpgpu.choices import LOWERING_CHOICE, Choices
+from sexpgpu.extension import Supplies
 from sexpgpu.schedule import lr_at
+from sexpgpu_torch.cpu_environment import CAPABILITY, THREADS, TORCH_VERSION, is_cpu_choice
+from tests.catalogs import compile_file, lower, open_loader, project
 
 REPO = Path(__file__).resolve().parents[2]
 # GPT-2 small is a GPU example (a CPU step takes minutes): tests/compiled checks it
@@ -26,8 +25,8 @@ EXAMPLES = sorted(p for p in (REPO / "examples").glob("*.sx") if p.name != "gpt2
 
 def _setup(path: Path, device: str = "cpu", pinned=None):
     program = compile_file(str(path))
-    trainer = lower_program(program, device=device, pinned=pinned)
-    _, loader = open_data(program.stages[0].data, program.run.seed)
+    trainer = lower(program, device=device, recorded=pinned)
+    loader = open_loader(program.stages[0].data, program.run.seed)
     return program, trainer, loader
 
 
@@ -60,7 +59,7 @@ def test_example_trains_on_the_cpu(path: Path) -> None:
     assert set(params) == {p.path for p in kept}
     for p in kept:
         assert params[p.path].shape == tuple(p.type.shape)
-    opts = get_plugins().available("sexpgpu_optimizers")
+    opts = project().available("sexpgpu_optimizers")
     info = next(o for o in opts if o.name == program.stages[0].optimizer.name)
     names = info.state_names({**info.options, **program.stages[0].optimizer.options})
     assert set(states) == {f"{p.path}/{n}" for p in program.params if p.trainable for n in names}
@@ -122,18 +121,17 @@ def test_cuda_bf16_precision_uses_autocast_and_stays_finite() -> None:
     text = (
         (REPO / "examples" / "tiny-lm.sx").read_text().replace(":seed 1", ":seed 1 :precision bf16")
     )
-    from sexpgpu.lang import compile_text
+    from tests.catalogs import compile_text
 
     program = compile_text(text, str(REPO / "examples" / "tiny-lm-bf16.sx"))
     assert program.run.precision == "bf16"
-    plugins = get_plugins()
-    trainer = next(i for i in plugins.available("sexpgpu_lowerings") if i.name == "torch")
+    plugins = project()
+    trainer = next(i for i in plugins.lowerings() if i.name == "torch")
     trainer = trainer.factory().lower(
         program,
         device="cuda",
-        kernels=plugins.available("sexpgpu_kernels"),
-        optimizers={o.name: o for o in plugins.available("sexpgpu_optimizers")},
-        pinned=None,
+        supplies=Supplies(kernels=plugins.kernels(), optimizers=plugins.optimizers()),
+        choices=Choices(),
     )
     assert trainer.autocast
     trainer.init_params()

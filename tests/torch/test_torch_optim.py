@@ -9,10 +9,11 @@ import pytest
 import torch
 from torch_build import G, param, program, stage
 
-from sexpgpu.extension import OptimizerUpdate
+from sexpgpu.choices import Choices
+from sexpgpu.extension import OptimizerUpdate, Supplies
 from sexpgpu.graph import Init, TensorType
-from sexpgpu.plugins import get_plugins
 from sexpgpu_torch import optim
+from tests.catalogs import project
 
 CASES = [
     ("sgd", {"lr": 0.1}, lambda ps: torch.optim.SGD(ps, lr=0.1)),
@@ -40,7 +41,7 @@ CASES = [
 
 
 def _infos() -> dict:
-    return {o.name: o for o in get_plugins().available("sexpgpu_optimizers")}
+    return project().optimizers()
 
 
 @pytest.mark.parametrize(("name", "options", "reference"), CASES)
@@ -181,15 +182,12 @@ def test_trainer_steps_match_a_hand_written_torch_loop(name, options, clip) -> N
     """Through the whole trainer (forward, backward, clipping, update, commit)."""
     prog = _regression_program(name, options, clip, steps=6)
     infos = _infos()
-    lowering = next(
-        i for i in get_plugins().available("sexpgpu_lowerings") if i.name == "torch"
-    ).factory()
+    lowering = next(i for i in project().lowerings() if i.name == "torch").factory()
     trainer = lowering.lower(
         prog,
         device="cpu",
-        kernels=get_plugins().available("sexpgpu_kernels"),
-        optimizers=infos,
-        pinned=None,
+        supplies=Supplies(kernels=project().kernels(), optimizers=infos),
+        choices=Choices(),
     )
     trainer.init_params()
     params0, _ = trainer.export()

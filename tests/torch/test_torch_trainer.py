@@ -7,23 +7,24 @@ import pytest
 import torch
 from torch_build import POS, G, param, program, site, stage
 
+from sexpgpu.choices import Choices
 from sexpgpu.errors import CheckpointError
+from sexpgpu.extension import Supplies
 from sexpgpu.graph import DataDecl, EvalPass, Init, TensorType
-from sexpgpu.plugins import get_plugins
+from tests.catalogs import project
 
 B, T, D, V = 2, 4, 8, 11
 FIELDS = {"inputs": TensorType((B, T), "i64"), "targets": TensorType((B, T), "i64")}
 
 
 def lower(prog, *, pinned=None):
-    plugins = get_plugins()
-    lowering = next(i for i in plugins.available("sexpgpu_lowerings") if i.name == "torch")
+    plugins = project()
+    lowering = next(i for i in plugins.lowerings() if i.name == "torch")
     return lowering.factory().lower(
         prog,
         device="cpu",
-        kernels=plugins.available("sexpgpu_kernels"),
-        optimizers={o.name: o for o in plugins.available("sexpgpu_optimizers")},
-        pinned=pinned,
+        supplies=Supplies(kernels=plugins.kernels(), optimizers=plugins.optimizers()),
+        choices=Choices(recorded=pinned or {}),
     )
 
 

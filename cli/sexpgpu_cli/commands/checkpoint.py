@@ -45,7 +45,6 @@ def checkpoint(location: str) -> None:
     )
     from sexpgpu.checkpoint.find import has_checkpoint
     from sexpgpu.errors import CheckpointError
-
     from sexpgpu_cli.group import catalog
 
     storage, key = open_checkpoint(location, catalog().open_location)

@@ -6,7 +6,11 @@ import sys
 
 import click
 
+from sexpgpu_cli.group import catalog
 from sexpgpu_cli.options import parse_sets
+
+THREADS = "cpu.threads"
+"""The recorded choice ``--threads`` asks for (the torch lowering's thread count)."""
 
 
 @click.command("run")
@@ -116,44 +120,53 @@ def run(
     log_every: str,
 ) -> None:
     """Train FILE, checkpointing to --checkpoint-dir and resuming with --resume."""
-    from sexpgpu.kernels import parse_requests
+    from sexpgpu.choices import parse_requests
+    from sexpgpu.session import Selection, Target, prepare_environment
     from sexpgpu_cli.launch import Worker, in_worker, launch
+    from sexpgpu_cli.reporting import LogEvery, Reporter
 
     choose = parse_requests(requests)  # a malformed one is refused before any worker starts
+    every = LogEvery.parse(log_every)
     worker = Worker(devices) if in_worker() else None
     if worker is None and ((devices or 1) > 1 or max_restarts):
         sys.exit(
             launch(sys.argv[1:], devices=devices or 1, max_restarts=max_restarts, device=device)
         )
-    from sexpgpu.cpu_choices import pin_environment
-
+    # --threads is the torch lowering's recorded thread count, asked for by name
+    asked = {} if threads is None else {THREADS: f"--threads {threads}"}
+    target = Target(
+        device=device,
+        lowering=lowering or None,
+        choose=choose,
+        requests={name: words.split()[1] for name, words in asked.items()},
+        asked=asked,
+        options={THREADS: "--threads"},
+        fresh=choices == "fresh",
+    )
     # First, before torch is imported: ATen and MKL read their settings when they start.
-    pin_environment(
-        resume or None, checkpoint_dir or None, fresh=choices == "fresh", threads=threads
+    prepare_environment(
+        catalog(), target, resume=resume or None, checkpoint_dir=checkpoint_dir or None
     )
-    from sexpgpu.run import RunOptions
-    from sexpgpu.run import run as run_file
+    from sexpgpu.train import RunOptions
+    from sexpgpu.train import run as run_file
 
-    outcome = (worker.run if worker is not None else run_file)(
-        RunOptions(
-            file=file,
-            sets=parse_sets(sets),
-            variant=variant,
-            steps=steps,
-            device=device,
-            metrics_dir=metrics_dir,
-            metrics_sinks=tuple(metrics_sinks),
-            checkpoint_dir=checkpoint_dir or None,
-            resume=resume or None,
-            fresh_choices=choices == "fresh",
-            lowering=lowering or None,
-            choose=choose,
-            threads=threads,
-            progress=True,
-            keep_last=keep_last,
-            log_every=log_every,
-        )
+    def reporter(total: int, step: int, tokens: int | None) -> Reporter:
+        return Reporter(total=total, step=step, every=every, terminal=True, tokens=tokens)
+
+    options = RunOptions(
+        selection=Selection(file, sets=parse_sets(sets), variant=variant, steps=steps),
+        target=target,
+        metrics_dir=metrics_dir,
+        metrics_sinks=tuple(metrics_sinks),
+        checkpoint_dir=checkpoint_dir or None,
+        resume=resume or None,
+        keep_last=keep_last,
+        reporter=reporter,
     )
+    if worker is not None:
+        outcome = worker.run(options, catalog())
+    else:
+        outcome = run_file(options, catalog())
     code, message = outcome.exit_code, outcome.message
     if worker is not None:
         code, message = worker.finish(code, message)

@@ -532,7 +532,9 @@ class RunsMixin:
         plugins = self.plugins()
         if not plugins.available("sexpgpu_evaluators"):
             raise SourceError(
-                f"eval passes (:evals) cannot run: {_no_evaluator(plugins)}", code=E_NO_EVAL, pos=pos
+                f"eval passes (:evals) cannot run: {_no_evaluator(plugins)}",
+                code=E_NO_EVAL,
+                pos=pos,
             )
         return {info.name: info for info in plugins.available("sexpgpu_eval_metrics")}
 

@@ -1,5 +1,7 @@
 """What a run tells the person watching it: step lines, eval numbers, a progress bar, a summary.
 
+The :class:`sexpgpu.train.Reporter` of ``sexpgpu run``.
+
 Off a terminal the run logs a ``step`` line (step, loss, learning rate,
 throughput) at a bounded rate set by ``--log-every`` (:class:`LogEvery`), each
 eval pass's numbers as they land, and a closing summary, all through the
@@ -62,7 +64,8 @@ class LogEvery:
 
 
 class Reporter:
-    """The step lines, eval numbers, progress bar and summary of one run."""
+    """The step lines, eval numbers, progress bar and summary of one run (a
+    :class:`sexpgpu.train.Reporter`)."""
 
     def __init__(
         self, *, total: int, step: int, every: LogEvery, terminal: bool, tokens: int | None

@@ -1,0 +1,185 @@
+"""What a run writes besides its tensors' updates: the checkpoint location (proved
+writable first), the metrics stream, the status file and the checkpointer, opened
+at the start of a run and closed, in order, at its end.
+
+Rank 0 writes for every rank: the other ranks get a metrics stream with no sink and
+a status file that writes nothing, so the step loop says the same things on every
+rank.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from sexpgpu.errors import RunError
+
+if TYPE_CHECKING:
+    from sexpgpu.catalog import Catalog
+    from sexpgpu.checkpointer import Checkpointer
+    from sexpgpu.extension import RankGroup, Storage
+    from sexpgpu.metrics import MetricsStream
+    from sexpgpu.train import Run
+
+
+def open_location(
+    catalog: Catalog, checkpoint_dir: str | None, group: RankGroup, log: Any
+) -> Storage | None:
+    """The checkpoint location, proved listable and writable before anything else (a
+    run never finds out hours in that it cannot write); ``None``, with a warning said
+    once, when there is none."""
+    if checkpoint_dir:
+        storage = catalog.open_location(checkpoint_dir)
+        if group.is_writer:  # the other ranks only read (a checkpoint to resume)
+            storage.check_writable()
+        return storage
+    if group.is_writer:  # said once, by rank 0
+        log.warning(
+            "no checkpoint location: nothing will be saved, and a signal or a crash loses the run",
+            hint="--checkpoint-dir or SEXPGPU_CHECKPOINT_DIR",
+        )
+    return None
+
+
+@dataclass
+class Outputs:
+    """A run's metrics stream, status file and checkpointer (``None`` without a
+    checkpoint location, or on a rank that does not write)."""
+
+    slug: str
+    run_dir: str
+    metrics: MetricsStream
+    status: Any
+    checkpointer: Checkpointer | None
+    resumed_from: str | None
+    events: str | None = None
+    """Where a person finds the run's events (the first sink that says where it writes)."""
+
+    @classmethod
+    def open(cls, run: Run, moved: list[str]) -> Outputs:
+        """Open what ``run`` writes, say that it started (or resumed, with what moved
+        since its checkpoint), and name its experiment: a resumed run reports into the
+        same one."""
+        from sexpgpu.metrics import MetricsStream, new_slug
+
+        session, options = run.session, run.options
+        resumed = session.checkpoint
+        slug = resumed.experiment["slug"] if resumed else new_slug(_stem(options.selection.file))
+        run_dir = os.path.join(options.metrics_dir, slug)
+        if not run.group.is_writer:  # rank 0 reports and writes for every rank
+            return cls(slug, run_dir, MetricsStream([], experiment=slug), _Unwritten(), None, None)
+        outputs = cls._for_writer(run, slug, run_dir)
+        if resumed:
+            outputs.metrics.annotation(
+                run.step, "\n".join([f"resumed from {session.location}", *moved])
+            )
+        fields = {} if run.compile_seconds is None else {"compile_seconds": run.compile_seconds}
+        run.log.info(
+            "run started" if not resumed else "run resumed",
+            file=options.selection.file,
+            slug=slug,
+            device=options.target.device,
+            parameters=sum(math.prod(p.type.shape) for p in run.program.params),
+            steps=run.program.steps,
+            step=run.step,
+            choices=dict(session.made),
+            **fields,
+        )
+        return outputs
+
+    @classmethod
+    def _for_writer(cls, run: Run, slug: str, run_dir: str) -> Outputs:
+        from sexpgpu.checkpointer import Checkpointer
+        from sexpgpu.metrics import MetricsStream, open_sinks
+        from sexpgpu.status import StatusFile, run_identity
+
+        options, session = run.options, run.session
+        try:
+            os.makedirs(run_dir, exist_ok=True)
+        except OSError as exc:
+            # a user's folder (a file in the way, no permission): one line, not a traceback
+            raise RunError(
+                f"cannot use {options.metrics_dir} as the metrics folder: {exc.strerror or exc}"
+            ) from None
+        names = list(options.metrics_sinks)
+        sinks = open_sinks(names, options.metrics_dir, slug, run.catalog)
+        metrics = MetricsStream(sinks, experiment=slug)
+        where = [run.catalog.metrics_sink(name).location for name in names]
+        found = [at(options.metrics_dir, slug) for at in where if at is not None]
+        status = StatusFile(os.path.join(run_dir, "status.json"))
+        resumed_from = session.location if session.checkpoint else None
+        status.update(
+            state="running",
+            step=run.step,
+            checkpoint=resumed_from,
+            slug=slug,
+            **run_identity(options.selection.file, run.program, session.made),
+        )
+        checkpointer = None
+        if run.storage is not None:
+            keep = options.keep_last if options.keep_last is not None else run.program.run.keep_last
+            checkpointer = Checkpointer(
+                run.storage,
+                run.trainer,
+                metrics=metrics,
+                status=status,
+                keep_last=keep,
+                resumed_from=resumed_from,
+                # a checkpoint owing passes is written again once they have run
+                written_step=run.step if session.checkpoint and not run.evals_pending else None,
+            )
+        outputs = cls(slug, run_dir, metrics, status, checkpointer, resumed_from)
+        outputs.events = found[0] if found else run_dir
+        return outputs
+
+    @property
+    def last_checkpoint(self) -> str | None:
+        """The newest checkpoint stored (or resumed from), as its location."""
+        if self.checkpointer is not None:
+            return self.checkpointer.last
+        return self.resumed_from
+
+    def wait_for_checkpoint(self) -> None:
+        """Return once the checkpoint being written is stored (raises if it failed)."""
+        if self.checkpointer is not None:
+            self.checkpointer.wait()
+
+    def close(self, state: str, step: int, error: str | None) -> dict[str, Any]:
+        """Stop the writer, write the last status, drain the metrics; returns the
+        summary's fields (where the checkpoint, the metrics and the status are)."""
+        if self.checkpointer is not None:
+            self.checkpointer.close()
+        fields: dict[str, Any] = {"state": state, "step": step, "checkpoint": self.last_checkpoint}
+        if error is not None:
+            fields["error"] = error
+        self.status.update(**fields)
+        undelivered = self.metrics.close(timeout=30.0)
+        summary: dict[str, Any] = {
+            "checkpoint": self.last_checkpoint,
+            "metrics": self.events or self.run_dir,
+            "status": os.path.join(self.run_dir, "status.json"),
+        }
+        if undelivered:
+            # A metrics folder that filled up or went away mid-run: said at the end too.
+            summary["undelivered_events"] = undelivered
+            summary["undelivered_by_sink"] = dict(self.metrics.undelivered_by_sink)
+        return summary
+
+
+class _Unwritten:
+    """The status file of a rank that does not write one (every rank but 0)."""
+
+    def update(self, **fields: object) -> bool:
+        """Nothing to write."""
+        return True
+
+    def progress(self, step: int, **fields: object) -> bool:
+        """Nothing to write."""
+        return True
+
+
+def _stem(path: str) -> str:
+    base = os.path.basename(path)
+    return base[:-3] if base.endswith(".sx") else base

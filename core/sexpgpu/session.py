@@ -1,0 +1,528 @@
+"""The one way to open work: sources or a checkpoint, plus options, to a ready trainer.
+
+A :class:`Session` compiles a `.sx` file under its selection (:class:`Selection`),
+reads and verifies the checkpoint it continues (refusing what may not continue:
+``E-DP-002``, ``E-CKPT-004``), settles the choices to take (:class:`~sexpgpu.choices.
+Choices`: the checkpoint's record pinned, the user's requests), lowers the program
+with the lowering those name, and fills the trainer: the checkpoint's tensors, or
+fresh ones, and the ``:load`` files, which must be the bytes the checkpoint's run
+read (``E-LOAD-001``). ``sexpgpu run`` opens its work with :meth:`Session.start`;
+``sexpgpu evaluate`` with :class:`CheckpointOpener`, which reads a checkpoint as a
+resume does, less (no optimizer states, no loader, nothing written).
+
+Everything a plugin supplies comes from the :class:`~sexpgpu.catalog.Catalog`
+handed in. Torch-free: a lowering imports its own libraries when it lowers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from sexpgpu.choices import LOWERING_CHOICE, Choices, kernel_requests
+from sexpgpu.errors import CheckpointError, PluginError
+from sexpgpu.extension import DataLoader, DataSourceInfo, Evaluator, Supplies, Trainer
+
+if TYPE_CHECKING:
+    from sexpgpu.catalog import Catalog
+    from sexpgpu.checkpoint import Loaded
+    from sexpgpu.extension import Storage
+    from sexpgpu.graph import DataDecl, Program
+    from sexpgpu.loading import Loads
+
+__all__ = [
+    "E_FOREIGN_RUN",
+    "CheckpointOpener",
+    "Lowered",
+    "Opened",
+    "Selection",
+    "Session",
+    "Target",
+    "evaluator",
+    "lower",
+    "open_loader",
+    "prepare_environment",
+    "state_names_for",
+]
+
+E_FOREIGN_RUN = "E-EVAL-002"
+"""A checkpoint opened with a file whose run is not the checkpoint's."""
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What to compile: a `.sx` file, its knobs (``--set``), its variant and ``--steps``."""
+
+    file: str
+    sets: Mapping[str, str] = field(default_factory=dict)
+    variant: str | None = None
+    steps: int | None = None
+
+    @classmethod
+    def recorded(cls, experiment: Mapping[str, Any], file: str | None = None) -> Selection:
+        """The selection a checkpoint's run was compiled under: its file (or ``file``),
+        its variant, and the knobs its command line set."""
+        sets: dict[str, str] = {}
+        steps = None
+        for knob in experiment.get("knobs", []):
+            if knob.get("source") != "command line":
+                continue
+            if knob["name"] == "steps" and isinstance(knob["value"], int):
+                steps = knob["value"]
+            else:
+                sets[knob["name"]] = _value_text(knob["value"])
+        variant = experiment.get("variant")
+        return cls(
+            file or experiment["file"],
+            sets=sets,
+            variant=None if variant in (None, "-") else variant,
+            steps=steps,
+        )
+
+    def compile(self, catalog: Catalog) -> Program:
+        """The checked program."""
+        from sexpgpu.lang import compile_file
+
+        return compile_file(
+            self.file, catalog=catalog, sets=dict(self.sets), variant=self.variant, steps=self.steps
+        )
+
+
+@dataclass(frozen=True)
+class Target:
+    """How to lower: the device, the lowering (``--lowering``), the kernels asked for
+    (``--choose``: ``{site or kind: kernel}``), other choices asked for by name with
+    the words the user used (``{"cpu.threads": "2"}``, ``{"cpu.threads": "--threads
+    2"}``), the options a front end sets such choices with (``{"cpu.threads":
+    "--threads"}``, named when ``--choose`` names one), and whether a resume chooses
+    again (``--choices fresh``)."""
+
+    device: str = "cpu"
+    lowering: str | None = None
+    choose: Mapping[str, str] = field(default_factory=dict)
+    requests: Mapping[str, str] = field(default_factory=dict)
+    asked: Mapping[str, str] = field(default_factory=dict)
+    options: Mapping[str, str] = field(default_factory=dict)
+    fresh: bool = False
+
+    def choices(self, program: Program | None, recorded: Mapping[str, str] | None) -> Choices:
+        """The run's :class:`Choices` against a checkpoint's ``recorded`` ones (``None``
+        on a fresh start); ``program`` resolves ``--choose`` targets to its sites."""
+        requested, asked = dict(self.requests), dict(self.asked)
+        if self.lowering:
+            requested[LOWERING_CHOICE] = self.lowering
+            asked[LOWERING_CHOICE] = f"--lowering {self.lowering}"
+        if self.choose and program is not None:
+            kernels, words = kernel_requests(program, self.choose, self.options)
+            requested.update(kernels)
+            asked.update(words)
+        return Choices.make(requested=requested, asked=asked, recorded=recorded, fresh=self.fresh)
+
+
+@dataclass
+class Lowered:
+    """A lowered program: its trainer, the lowering's name, and the choices to record
+    (the trainer's own and ``lowering``)."""
+
+    trainer: Trainer
+    lowering: str
+    made: dict[str, str]
+
+
+def lower(program: Program, catalog: Catalog, *, device: str, choices: Choices) -> Lowered:
+    """Lower ``program`` for ``device``: the lowering ``choices`` name (``--lowering``,
+    a resume's pin), else the device kind's default; every available kernel,
+    optimizer and plugin op handed in, and ``choices`` taken."""
+    from sexpgpu.kernels import choose_lowering, device_kind
+    from sexpgpu.plugin_supplies import defaults_of
+
+    lowerings = catalog.lowerings()
+    info = choose_lowering(lowerings, device=device, choices=choices)
+    if info is None:
+        # the kind's default; with none available, the one lowering that serves it
+        kind = device_kind(device)
+        defaulted = any(kind in defaults_of(item) for item in lowerings)
+        info = catalog.require(
+            "sexpgpu_lowerings",
+            f"the device '{device}'",
+            lambda item: kind in (defaults_of(item) if defaulted else item.devices),
+        )
+    supplies = Supplies(
+        kernels=catalog.kernels(), optimizers=catalog.optimizers(), ops=catalog.plugin_ops()
+    )
+    trainer = info.factory().lower(program, device=device, supplies=supplies, choices=choices)
+    _check_trainer(trainer, info.name)
+    made = {**trainer.choices, LOWERING_CHOICE: info.name}
+    return Lowered(trainer, info.name, made)
+
+
+def _check_trainer(trainer: Any, lowering: str) -> None:
+    """Refuse, before any step, a trainer that lacks part of the Trainer protocol."""
+    if isinstance(trainer, Trainer):
+        return
+    missing = [name for name in _TRAINER_MEMBERS if not hasattr(trainer, name)]
+    raise PluginError(
+        f"the {lowering} lowering built a trainer without {', '.join(missing)}; a trainer "
+        "follows sexpgpu.extension.Trainer (subclass it for the optional parts' defaults)"
+    )
+
+
+_TRAINER_MEMBERS = sorted(
+    name
+    for name in {*vars(Trainer), *getattr(Trainer, "__annotations__", {})}
+    if not name.startswith("_")
+)
+
+
+def state_names_for(program: Program, stage: int, catalog: Catalog) -> dict[str, tuple[str, ...]]:
+    """Each parameter's optimizer state names in ``stage`` (none for frozen ones)."""
+    decl = program.stages[stage].optimizer
+    info = catalog.optimizers().get(decl.name)
+    if info is None:
+        raise PluginError(f"no installed plugin supplies the optimizer '{decl.name}'")
+    names = tuple(info.state_names(decl.options))
+    return {p.path: (names if p.trainable else ()) for p in program.params}
+
+
+def open_loader(catalog: Catalog, decl: DataDecl, seed: int) -> tuple[DataSourceInfo, DataLoader]:
+    """The data source a ``defdata`` names, and a loader opened on it from ``seed``."""
+    info = catalog.data_source(decl.source)
+    return info, info.factory(decl.options, decl.seq, decl.batch, seed)
+
+
+def evaluator(catalog: Catalog) -> Evaluator:
+    """The eval-pass runner an available plugin supplies, given every available eval
+    metric: what a run calls at a pass's steps, and ``sexpgpu evaluate`` too."""
+    return catalog.evaluator().factory(catalog.eval_metrics())
+
+
+# ---------------------------------------------------------------- a run
+
+
+class Session:
+    """A program opened for a run: compiled, its checkpoint (if it resumes) read and
+    verified, its choices settled; then lowered (:meth:`lower`) and filled
+    (:meth:`fill`). A run lowers only when there is something to do."""
+
+    def __init__(self, catalog: Catalog, program: Program, loads: Loads) -> None:
+        self.catalog = catalog
+        self.program = program
+        self.loads = loads
+        self.checkpoint: Loaded | None = None
+        """The checkpoint continued, read and verified; ``None`` on a fresh start."""
+        self.location: str | None = None
+        """Where :attr:`checkpoint` was read from."""
+        self.choices = Choices()
+        self.moved: list[str] = []
+        """What moved since the checkpoint, one ``resumed from`` line each."""
+        self.lowered: Lowered | None = None
+        self.loaded: dict[str, dict[str, Any]] = {}
+        """Each ``:load`` parameter's file identity, as a checkpoint pins it."""
+
+    @classmethod
+    def start(
+        cls,
+        catalog: Catalog,
+        selection: Selection,
+        target: Target,
+        *,
+        resume: str | None = None,
+        checkpoint_dir: str | None = None,
+        devices: int = 1,
+        nodes: int = 1,
+    ) -> Session:
+        """Compile ``selection`` (its ``:load`` headers checked before anything is
+        lowered or written; their identities read meanwhile), read the checkpoint
+        ``resume`` names (``latest``: the newest under ``checkpoint_dir``, or a fresh
+        start), check that the program may continue it on ``devices`` devices of
+        ``nodes`` nodes, and settle the choices."""
+        from sexpgpu.loading import Loads
+
+        program = selection.compile(catalog)
+        loads = Loads.of(program, catalog.open_location)
+        loads.check()
+        loads.prefetch_identities()
+        session = cls(catalog, program, loads)
+        session._resume(resume, checkpoint_dir)
+        recorded = None
+        if session.checkpoint is not None:
+            from sexpgpu import checkpoint as ckpt
+
+            experiment = session.checkpoint.experiment
+            session.moved = ckpt.compare_for_resume(
+                experiment,
+                program,
+                devices=devices,
+                nodes=nodes,
+                state_names=state_names_for(program, session.stage, catalog),
+            )
+            recorded = experiment.get("choices", {})
+        session.choices = target.choices(program, recorded)
+        return session
+
+    def _resume(self, resume: str | None, checkpoint_dir: str | None) -> None:
+        from sexpgpu import checkpoint as ckpt
+
+        if not resume:
+            return
+        found = ckpt.resolve_resume(resume, checkpoint_dir, self.catalog.open_location)
+        if found is None:
+            return
+        storage, key = found
+        self.checkpoint = ckpt.load_for_resume(
+            storage, key, self.program, latest=resume.strip() == "latest"
+        )
+        self.location = ckpt.location_of(storage, key)
+
+    @property
+    def state(self) -> Mapping[str, Any]:
+        """The checkpoint's ``state.json``; ``{}`` on a fresh start."""
+        return self.checkpoint.state if self.checkpoint is not None else {}
+
+    @property
+    def stage(self) -> int:
+        """The stage the run is in."""
+        return int(self.state.get("stage", 0))
+
+    def lower(self, device: str) -> Trainer:
+        """Lower the program for ``device`` with the settled choices."""
+        self.lowered = lower(self.program, self.catalog, device=device, choices=self.choices)
+        return self.lowered.trainer
+
+    @property
+    def made(self) -> dict[str, str]:
+        """The choices the run records (after :meth:`lower`)."""
+        assert self.lowered is not None, "lower() first"
+        return self.lowered.made
+
+    def fill(self) -> list[str]:
+        """Fill the lowered trainer: the checkpoint's tensors on a resume, else fresh
+        ones, then the ``:load`` files. Returns what moved since the checkpoint: each
+        ``:load`` file found at another path and each choice made otherwise."""
+        from sexpgpu import checkpoint as ckpt
+
+        assert self.lowered is not None, "lower() first"
+        trainer = self.lowered.trainer
+        if self.checkpoint is None:
+            trainer.init_params()
+            trainer.set_params(self.loads.read())
+            self.loaded = self.loads.identities()
+            return []
+        trainer.restore(self.checkpoint.params, self.checkpoint.states, stage=self.stage)
+        # A checkpoint names its frozen :load parameters: read from their files again,
+        # which must be the bytes the checkpoint's run read (E-LOAD-001).
+        frozen = [p.path for p in self.program.params if p.load is not None and not p.trainable]
+        trainer.set_params(self.loads.read(frozen))
+        self.loaded = self.loads.identities()
+        moved = ckpt.compare_loads(self.checkpoint.experiment, self.loaded)
+        return moved + self.choices.moved(self.made)
+
+
+# ---------------------------------------------------------------- evaluation
+
+
+@dataclass
+class Opened:
+    """A checkpoint opened to evaluate: its compiled program, and a trainer holding
+    its parameters."""
+
+    location: str
+    step: int
+    finished: bool
+    slug: str
+    program: Program
+    trainer: Trainer
+    moved: list[str]
+
+
+class CheckpointOpener:
+    """Opens checkpoints to evaluate them, as a resume reads them, less: never the
+    optimizer states or the loader. A program and its lowering are built once per
+    distinct identity (sources, knobs, variant, choices), since a follower reads many.
+
+    Another lowering than the recorded one (``lowering``) may evaluate a checkpoint,
+    choosing its kernels afresh: nothing is written back into it.
+    """
+
+    def __init__(
+        self, catalog: Catalog, *, device: str, file: str | None, lowering: str | None = None
+    ) -> None:
+        self.catalog = catalog
+        self.device = device
+        self.file = file
+        self.lowering = lowering
+        self._built: dict[str, tuple[Program, Trainer, list[str]]] = {}
+        self._programs: dict[str, Program] = {}
+
+    def locate(self, location: str) -> tuple[Storage, str]:
+        """A checkpoint named by its location (``/tmp/run/step-00000004``,
+        ``s3://bucket/run/latest``) as (storage of its parent, key)."""
+        from sexpgpu.checkpoint import open_checkpoint
+
+        return open_checkpoint(location, self.catalog.open_location)
+
+    def open(self, storage: Storage, key: str) -> Opened:
+        """Read and verify the checkpoint at ``key``; raises a :class:`SexpError`."""
+        from sexpgpu.checkpoint import check_position, load_checkpoint, location_of
+
+        loaded = load_checkpoint(storage, key, with_states=False)
+        experiment, state = loaded.experiment, loaded.state
+        program, trainer, moved = self._build(experiment)
+        check_position(state, program, location_of(storage, key))
+        trainer.restore(loaded.params, {}, stage=int(state["stage"]))
+        return Opened(
+            location=loaded.location,
+            step=loaded.step,
+            finished=bool(experiment.get("finished")),
+            slug=str(experiment["slug"]),
+            program=program,
+            trainer=trainer,
+            moved=moved,
+        )
+
+    def program(self, experiment: Mapping[str, Any]) -> Program:
+        """The checkpoint's program, compiled once per file, sources, knobs and variant."""
+        identity = json.dumps(
+            [experiment.get(k) for k in ("file", "sources", "knobs", "variant")], sort_keys=True
+        )
+        if identity not in self._programs:
+            selection = Selection.recorded(experiment, self.file)
+            self._programs[identity] = selection.compile(self.catalog)
+        return self._programs[identity]
+
+    def _build(self, experiment: Mapping[str, Any]) -> tuple[Program, Trainer, list[str]]:
+        from sexpgpu.checkpoint import compare_for_resume
+
+        identity = json.dumps(
+            [experiment.get(k) for k in ("file", "sources", "knobs", "variant", "choices")],
+            sort_keys=True,
+        )
+        if identity not in self._built:
+            program = self.program(experiment)
+            if program.run.name != experiment.get("run"):
+                raise CheckpointError(
+                    f"the checkpoint is of the run '{experiment.get('run')}', and "
+                    f"{self.file or experiment['file']} defines '{program.run.name}'",
+                    code=E_FOREIGN_RUN,
+                )
+            recorded_states = {k: tuple(v) for k, v in experiment.get("states", {}).items()}
+            moved = compare_for_resume(
+                experiment,
+                program,
+                devices=int(experiment.get("devices", 1)),
+                nodes=int(experiment.get("nodes", 1)),
+                state_names=recorded_states,
+            )
+            choices, moved_lowering = self._choices(experiment)
+            trainer = lower(program, self.catalog, device=self.device, choices=choices).trainer
+            moved += moved_lowering + self._read_loads(program, trainer, experiment)
+            self._built[identity] = (program, trainer, moved)
+        return self._built[identity]
+
+    def _choices(self, experiment: Mapping[str, Any]) -> tuple[Choices, list[str]]:
+        """The recorded choices under the recorded lowering; none under another one
+        (its kernels are its own, chosen afresh for this machine), with the ``choice``
+        line saying the lowering moved."""
+        recorded = {str(k): str(v) for k, v in experiment.get("choices", {}).items()}
+        ran_on = recorded.get(LOWERING_CHOICE, "-")
+        if self.lowering is None or self.lowering == ran_on:
+            return Choices(recorded=recorded), []
+        chosen = Choices.make(
+            requested={LOWERING_CHOICE: self.lowering},
+            asked={LOWERING_CHOICE: f"--lowering {self.lowering}"},
+        )
+        return chosen, [f"choice {LOWERING_CHOICE} {ran_on} -> {self.lowering}"]
+
+    def _read_loads(
+        self, program: Program, trainer: Trainer, experiment: Mapping[str, Any]
+    ) -> list[str]:
+        """The ``:load`` files checked against the ones the checkpoint pinned
+        (``E-LOAD-001``), and its frozen ``:load`` parameters read from them into
+        ``trainer``, as a resume does; the ``load`` lines of files at another path."""
+        if not any(param.load is not None for param in program.params):
+            return []
+        from sexpgpu.checkpoint import compare_loads
+        from sexpgpu.loading import Loads
+
+        loads = Loads.of(program, self.catalog.open_location)
+        loads.check()
+        frozen = [p.path for p in program.params if p.load is not None and not p.trainable]
+        moved = compare_loads(experiment, loads.identities())
+        if frozen:
+            trainer.set_params(loads.read(frozen))
+        return moved
+
+
+# ---------------------------------------------------------------- before the libraries start
+
+
+def prepare_environment(
+    catalog: Catalog,
+    target: Target,
+    *,
+    resume: str | None,
+    checkpoint_dir: str | None,
+) -> dict[str, str]:
+    """Set, in ``os.environ``, what the lowering's libraries must start with to take
+    this run's pinned choices (a resume's record, the user's requests); returns it.
+
+    Called by ``sexpgpu run`` before anything imports those libraries (they read
+    some settings once, when they start): the lowering the run will take says what
+    (``LoweringInfo.environment``). Read without them; errors are left to the run,
+    which reads the checkpoint again and reports what is wrong in its place.
+    """
+    from sexpgpu.errors import SexpError
+    from sexpgpu.kernels import choose_lowering, device_kind
+    from sexpgpu.plugin_supplies import defaults_of
+
+    recorded = _recorded_choices(catalog, resume, checkpoint_dir) if resume else None
+    try:
+        choices = target.choices(None, recorded)
+        lowerings = catalog.lowerings()
+        info = choose_lowering(lowerings, device=target.device, choices=choices)
+        if info is None:
+            kind = device_kind(target.device)
+            info = next((i for i in lowerings if kind in defaults_of(i)), None)
+        if info is None or info.environment is None:
+            return {}
+        env = dict(info.environment(choices.pins()))
+    except SexpError:
+        return {}
+    overridden = {k: v for k, v in env.items() if k in os.environ and os.environ[k] != v}
+    os.environ.update(env)
+    if overridden and recorded is not None and not target.fresh:
+        from sexpgpu.log import get_logger
+
+        # This machine's own setting was set aside: say so, the run did move.
+        get_logger("sexpgpu.run").info(
+            "environment pinned to the checkpoint's choices", **overridden
+        )
+    return env
+
+
+def _recorded_choices(
+    catalog: Catalog, resume: str, checkpoint_dir: str | None
+) -> dict[str, str] | None:
+    """The ``choices`` of the checkpoint ``--resume resume`` names; ``None`` when there
+    is none, or when it cannot be read (the run's own read then reports that)."""
+    from sexpgpu import checkpoint as ckpt
+    from sexpgpu.errors import SexpError
+
+    try:
+        found = ckpt.resolve_resume(resume, checkpoint_dir, catalog.open_location)
+        if found is None:
+            return None
+        experiment = ckpt.read_experiment(*found)
+    except (SexpError, OSError):
+        return None
+    return {str(k): str(v) for k, v in experiment.get("choices", {}).items()}
+
+
+def _value_text(value: Any) -> str:
+    """A recorded knob value as ``--set`` takes it."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return value if isinstance(value, str) else json.dumps(value)

@@ -1,0 +1,440 @@
+"""The training loop: open the work, train step by step, checkpoint, stop.
+
+Read it top to bottom: :func:`run` opens a run (:meth:`Run.set_up`, through a
+:class:`~sexpgpu.session.Session`) and trains it (:meth:`Run.train`, the step
+loop). A step takes a batch, lets the trainer propose new parameters and states,
+checks the proposal when the finite guard is on, and commits it; counters and the
+step number advance only on commit. Checkpoints go to a
+:class:`~sexpgpu.checkpointer.Checkpointer` (snapshot in the loop, write and report
+in the background, retention); what a person sees goes to the :class:`Reporter` a
+front end hands in.
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from sexpgpu.errors import CheckpointError, RunError, SexpError, StorageError, UsageError
+from sexpgpu.extension import RankGroup
+from sexpgpu.log import get_logger
+from sexpgpu.ranks import SOLO, StopAgreement, check_batches, check_replicas, join_group
+from sexpgpu.schedule import lr_at
+from sexpgpu.session import Selection, Session, Target, evaluator, open_loader, state_names_for
+from sexpgpu.signals import StopWatch, interruption, process_watch
+
+if TYPE_CHECKING:
+    from sexpgpu.catalog import Catalog
+    from sexpgpu.graph import Program
+
+DEFAULT_METRICS_DIR = "./sexpgpu-runs"
+
+
+class Reporter(Protocol):
+    """What the person watching a run is told: each committed step, each eval pass's
+    numbers, and a closing summary (the CLI draws a progress bar and logs lines)."""
+
+    def step(self, step: int, loss: float, lr: float, tokens: int | None) -> None:
+        """A committed step."""
+
+    def evaluated(self, step: int, name: str, numbers: dict[str, float]) -> None:
+        """An eval pass's numbers."""
+
+    def close(self) -> None:
+        """Stop drawing (the run's end, or a failure on the way)."""
+
+    def summary(self, state: str, step: int, **fields: Any) -> None:
+        """How the run ended (``finished``, ``interrupted``, ``failed``), with ``fields``."""
+
+
+class Quiet:
+    """A :class:`Reporter` that tells nothing: a run called as a library."""
+
+    def step(self, step: int, loss: float, lr: float, tokens: int | None) -> None:
+        """Nothing."""
+
+    def evaluated(self, step: int, name: str, numbers: dict[str, float]) -> None:
+        """Nothing."""
+
+    def close(self) -> None:
+        """Nothing."""
+
+    def summary(self, state: str, step: int, **fields: Any) -> None:
+        """Nothing."""
+
+
+@dataclass
+class RunOptions:
+    """What ``sexpgpu run`` was asked to do."""
+
+    selection: Selection
+    target: Target = field(default_factory=Target)
+    metrics_dir: str = DEFAULT_METRICS_DIR
+    metrics_sinks: tuple[str, ...] = ()
+    """The metrics sinks by name (``--metrics-sink``)."""
+    checkpoint_dir: str | None = None
+    resume: str | None = None
+    keep_last: int | None = None
+    """``--keep-last``: wins over the file's ``:keep-last``."""
+    reporter: Callable[[int, int, int | None], Reporter] = lambda total, step, tokens: Quiet()
+    """Makes the run's :class:`Reporter` from (total steps, first step, tokens so far)."""
+
+
+@dataclass
+class RunOutcome:
+    """How a run ended: the exit code and the line to print (``None`` for a normal end)."""
+
+    exit_code: int
+    message: str | None
+    step: int
+
+
+def run(options: RunOptions, catalog: Catalog) -> RunOutcome:
+    """Run a `.sx` file as ``sexpgpu run`` does, with what ``catalog`` supplies; signals
+    are handled while it runs. Under the ``sexpgpu`` command the process's watch is
+    used; called as a library, the run takes the signals itself and gives them back."""
+    watch = process_watch()
+    owned = watch is None
+    if watch is None:
+        watch = StopWatch()
+    active = Run(catalog)
+    try:
+        try:
+            if owned:
+                watch.install()
+                watch.interrupt_if_stopping()
+            active.set_up(options, watch)
+        except BaseException as error:
+            if interruption(error) is None:
+                raise
+            # Nothing to save yet: the step is 0 until a checkpoint has been read.
+            name, signum = watch.settle()
+            step = active.step
+            return RunOutcome(128 + signum, f"interrupted by {name} at step {step}", step)
+        return active.train()
+    finally:
+        watch.ended()  # the outcome is decided: no later signal changes it
+        active.group.close()
+        if owned:
+            watch.uninstall()
+
+
+def stage_of(program: Program, step: int) -> tuple[int, int]:
+    """(stage index, 1-based step within it) of the 1-based global ``step``."""
+    start = 0
+    for index, stage in enumerate(program.stages):
+        if step <= start + stage.steps:
+            return index, step - start
+        start += stage.steps
+    raise ValueError(f"step {step} is past the program's {program.steps} steps")
+
+
+class Run:
+    """A run that is set up and ready to train."""
+
+    def __init__(self, catalog: Catalog) -> None:
+        self.catalog = catalog
+        self.log = get_logger("sexpgpu.run")
+        self.already_finished: str | None = None
+        """Set when the checkpoint resumed from is past the last step: nothing to do."""
+        self.group: RankGroup = SOLO
+        """This process's ranks: :data:`~sexpgpu.ranks.SOLO` unless a launcher started several."""
+        self.step = 0
+
+    # ------------------------------------------------------------------ setup
+
+    def set_up(self, options: RunOptions, watch: StopWatch) -> None:
+        """Open the work (compile, check the checkpoint location, read the checkpoint
+        to resume, lower) and the data and metrics. Raises a SexpError for anything wrong."""
+        from sexpgpu.outputs import open_location
+
+        self.options, self.watch = options, watch
+        # The ranks first: the device, who writes, and the counts a resume compares.
+        self.group = join_group(options.target.device, self.catalog.lowerings())
+        self.stops = StopAgreement(self.group, watch)
+        self.storage = open_location(self.catalog, options.checkpoint_dir, self.group, self.log)
+        self.log.info("compiling", file=options.selection.file)
+        session = self.session = Session.start(
+            self.catalog,
+            options.selection,
+            options.target,
+            resume=options.resume,
+            checkpoint_dir=options.checkpoint_dir,
+            devices=self.group.size,
+            nodes=self.group.nodes,
+        )
+        program = self.program = session.program
+        self._take_state(session.state)
+        check_batches(program, self.group)
+        if session.checkpoint and self.step >= program.steps and not self.evals_pending:
+            # A finished run started again changes nothing: no event, no status write.
+            self.already_finished = (
+                f"finished: {session.location} is step {self.step} of {program.steps}; "
+                "nothing to do"
+            )
+            return
+        self.trainer = session.lower(self.group.device)
+        self.compile_seconds = self.trainer.warm_up()  # a compiling lowering pays it now
+        if self.group.size > 1:
+            self.trainer.use_group(self.group)
+        moved = session.moved + session.fill()
+        # Data: one loader per stage, opened when the stage starts.
+        self.loader, self.loader_stage = None, -1
+        if self.step < program.steps:
+            next_stage, _ = stage_of(program, self.step + 1)
+            self._open_stage_loader(next_stage)
+            if next_stage == self.stage and session.state.get("loader") is not None:
+                self.loader.restore(session.state["loader"])
+        # From here on a signal stops the run at a step boundary instead of at once,
+        # so the status file and the metrics stream always see how it ended.
+        watch.interrupt_if_stopping()  # a signal whose exception was swallowed on the way
+        watch.loop_started()
+        self._open_outputs(moved)
+
+    def _take_state(self, state: Mapping[str, Any]) -> None:
+        """Where the run is: a checkpoint's ``state.json``, or ``{}`` for a fresh start."""
+        self.step = int(state.get("step", 0))
+        self.stage = int(state.get("stage", 0))
+        self.records = int(state.get("records", 0))
+        self.evals_pending: list[str] = list(state.get("evals_pending", []))
+        self.counters = {name: 0 for name in self.program.run.counters}
+        self.counters.update({k: int(v) for k, v in state.get("counters", {}).items()})
+
+    def _open_outputs(self, moved: list[str]) -> None:
+        """Metrics, the status file, the checkpointer and the reporter; a resumed run
+        reports into the same experiment."""
+        from sexpgpu.outputs import Outputs
+
+        self.outputs = Outputs.open(self, moved)
+        self.metrics, self.status = self.outputs.metrics, self.outputs.status
+        self.checkpointer = self.outputs.checkpointer
+        self.reporter = self.options.reporter(
+            self.program.steps, self.step, self.counters.get("tokens")
+        )
+
+    def _open_stage_loader(self, stage: int) -> None:
+        decl = self.program.stages[stage].data
+        self.loader_info, self.loader = open_loader(self.catalog, decl, self.program.run.seed)
+        self.loader_stage = stage
+        if "tokens" in self.counters and self.loader_info.tokens_field is None:
+            raise UsageError(
+                f"{decl.pos}: the data source '{decl.source}' has no token field, "
+                "so the counter 'tokens' cannot be kept; count records instead"
+            )
+
+    # ------------------------------------------------------------------ loop
+
+    def train(self) -> RunOutcome:
+        """The step loop, and how the run ends: finished, interrupted or failed."""
+        if self.already_finished is not None:
+            return RunOutcome(0, self.already_finished, self.step)
+        program, total = self.program, self.program.steps
+        # A trainer whose loss stays on its device until read (CUDA) has it read one
+        # step late, once the next step is queued, so a step costs no host sync for
+        # its metrics; anything said of a step (a pass, a checkpoint, a stop, an end)
+        # reports that step's loss first, so the events keep their order.
+        self.unreported: tuple[int, Any, float] | None = None
+        try:
+            # the eval plugin is asked before the first step, so a conflict or a missing
+            # plugin never surfaces hours in, at the first pass
+            self.evaluator = evaluator(self.catalog) if program.evals else None
+            if self.evals_pending:  # passes a signal stopped before they reported
+                self._evaluate(self.step, self.evals_pending)
+            if self.stops.stopping():
+                return self._interrupted()
+            while self.step < total:
+                step = self.step + 1
+                stage, step_in_stage = stage_of(program, step)
+                if stage != self.loader_stage:
+                    self._open_stage_loader(stage)
+                batch = self.loader.next_batch()
+                decl = program.stages[stage]
+                lr = lr_at(decl.optimizer, step_in_stage, decl.steps)
+                proposal = self.trainer.propose(batch, stage=stage, step=step, lr=lr)
+                self._report_unreported()  # the step before: this one is queued behind it
+                if program.run.guard_finite:
+                    self._guard(proposal)
+                self.trainer.commit(proposal)
+                self.step, self.stage = step, stage
+                self._count(batch)
+                self.unreported = (step, proposal, lr)
+                if not self.trainer.reads_loss_late:
+                    self._report_unreported()
+                self._maybe_evaluate(step)
+                # A last step whose pass a signal stopped is no finished run: the
+                # pass stays pending in its checkpoint and the resume runs it.
+                ended = step == total and not self.evals_pending
+                every = program.run.checkpoint_every
+                if step == total or (every and step % every == 0):
+                    self._checkpoint(finished=ended)
+                if not ended and self.stops.stopping():
+                    return self._interrupted()
+            if self.step == total:
+                # a resume that ran the last step's pending pass: its checkpoint again,
+                # finished and owing nothing (a step already written is not written again)
+                self._checkpoint(finished=True)
+            self._report_unreported()
+            self.outputs.wait_for_checkpoint()
+            # every rank holds the same bytes (E-DP-003), and waits here for rank 0's checkpoint
+            check_replicas(self.group, self.trainer, self.step)
+            self.metrics.done(self.step)
+            self._finish("finished")
+            return RunOutcome(0, None, self.step)
+        except SexpError as error:
+            self._report_unreported(failing=True)
+            line = error.render()
+            # An error in a step is named by that step; a checkpoint write that
+            # failed names its own step.
+            if not isinstance(error, (CheckpointError, StorageError)):
+                line = f"step {self.step + 1}: {line}"
+            return self._failed(line)
+        except Exception as error:  # a bug or an op failing at run time: one line, traceback kept
+            self._report_unreported(failing=True)
+            self.reporter.close()
+            line = f"{type(error).__name__}: {error}".splitlines()[0]
+            where = self.outputs.run_dir
+            with open(os.path.join(where, "traceback.txt"), "w") as f:
+                traceback.print_exc(file=f)
+            return self._failed(
+                f"step {self.step + 1}: {line} (traceback in {where}/traceback.txt)"
+            )
+
+    def _guard(self, proposal: Any) -> None:
+        """The finite guard: refuse a proposal with a value that is not finite. The
+        ranks' verdicts are agreed (one collective), so every rank stops or none."""
+        bad = self.trainer.find_non_finite(proposal)
+        if self.group.size > 1 and self.group.max(int(bad is not None)) and bad is None:
+            raise RunError(
+                "another rank's proposed step has values that are not finite; nothing was committed"
+            )
+        if bad is not None:
+            kind, name, count = bad
+            what = (
+                f"proposed parameter of {name}" if kind == "parameter" else f"proposed state {name}"
+            )
+            raise RunError(
+                f"the {what} has {count} values that are not finite; nothing was committed"
+            )
+
+    def _report_unreported(self, *, failing: bool = False) -> None:
+        """Report the step whose loss was left on the device (see ``train``). As a run
+        fails, the device may be what failed: its loss is then left out."""
+        if self.unreported is None:
+            return
+        step, proposal, lr = self.unreported
+        self.unreported = None
+        try:
+            loss = float(proposal.loss)
+        except Exception:
+            if not failing:
+                raise
+            return
+        self.metrics.point(step, "loss", loss)
+        self.metrics.point(step, "lr", lr)
+        for name, value in self.counters.items():
+            self.metrics.point(step, name, value)
+        self.reporter.step(step, loss, lr, self.counters.get("tokens"))
+        self.status.progress(step)
+
+    def _count(self, batch: Mapping[str, Any]) -> None:
+        first = next(iter(batch.values()))
+        records = int(first.shape[0]) if getattr(first, "shape", ()) else 1
+        self.records += records
+        if "records" in self.counters:
+            self.counters["records"] += records
+        if "tokens" in self.counters:
+            self.counters["tokens"] += int(batch[self.loader_info.tokens_field].size)
+
+    def _maybe_evaluate(self, step: int) -> None:
+        due = [p.name for p in self.program.evals if p.every and step % p.every == 0]
+        if due:
+            self._evaluate(step, due)
+
+    def _evaluate(self, step: int, names: list[str]) -> None:
+        """Ask the eval plugin to run the named passes, as storage is asked to write;
+        one a signal stops reports nothing and stays in ``evals_pending``."""
+        self._report_unreported()
+        self.evals_pending = list(names)
+        assert self.evaluator is not None  # train() asked for it: the program has passes
+        for eval_pass in [p for p in self.program.evals if p.name in names]:
+            numbers = self.evaluator.run_pass(
+                eval_pass,
+                self.trainer,
+                seed=self.program.run.seed,
+                open_data=lambda decl, seed: open_loader(self.catalog, decl, seed)[1],
+                stopping=self.stops.pass_may_stop,
+            )
+            if numbers is None:
+                return
+            for name, value in numbers.items():
+                self.metrics.point(step, f"{eval_pass.name}/{name}", value)
+            self.reporter.evaluated(step, eval_pass.name, numbers)
+            self.evals_pending.remove(eval_pass.name)
+
+    # ------------------------------------------------------------ checkpoints
+
+    def _checkpoint(self, *, finished: bool) -> None:
+        """Checkpoint the current step (written and reported in the background)."""
+        from sexpgpu import checkpoint as ckpt
+
+        if self.checkpointer is None:
+            return
+        self._report_unreported()
+
+        def state() -> dict[str, Any]:
+            return ckpt.state_record(
+                step=self.step,
+                stage=self.stage,
+                records=self.records,
+                counters=self.counters,
+                loader=self.loader.position() if self.loader is not None else None,
+                seed=self.program.run.seed,
+                evals_pending=self.evals_pending,
+            )
+
+        def experiment() -> dict[str, Any]:
+            return ckpt.experiment_record(
+                self.program,
+                choices=self.session.made,
+                slug=self.outputs.slug,
+                devices=self.group.size,
+                nodes=self.group.nodes,
+                finished=finished,
+                state_names=state_names_for(self.program, self.stage, self.catalog),
+                loaded=self.session.loaded,
+            )
+
+        self.checkpointer.save(self.step, state=state, experiment=experiment, wait=finished)
+
+    # ---------------------------------------------------------------- endings
+
+    def _interrupted(self) -> RunOutcome:
+        # The spec's order: the stop is named and reported, then its checkpoint written.
+        self._report_unreported()
+        name, signum = self.stops.settle()
+        self.metrics.annotation(self.step, f"interrupted by {name} at step {self.step}")
+        if self.step > 0:
+            self._checkpoint(finished=False)
+            self.outputs.wait_for_checkpoint()
+        check_replicas(self.group, self.trainer, self.step)
+        self._finish("interrupted")
+        return RunOutcome(128 + signum, f"interrupted by {name} at step {self.step}", self.step)
+
+    def _failed(self, line: str) -> RunOutcome:
+        try:
+            self.outputs.wait_for_checkpoint()
+        except SexpError as write_error:
+            self.log.error("checkpoint failed", error=str(write_error))
+        self.metrics.annotation(self.step, f"failed: {line}")
+        self._finish("failed", error=line)
+        return RunOutcome(1, line, self.step)
+
+    def _finish(self, state: str, error: str | None = None) -> None:
+        """Write the last status, drain the metrics, stop the writer, tell the summary."""
+        self.reporter.close()
+        summary = self.outputs.close(state, self.step, error)
+        self.watch.ended()  # from `run <state>` on, no signal changes the outcome
+        self.reporter.summary(state, self.step, **summary)
