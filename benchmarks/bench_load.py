@@ -48,7 +48,7 @@ else:
     from sexpgpu.errors import Pos
     from sexpgpu.graph import Init, LoadSpec, ParamDecl, Program, TensorType
     from sexpgpu.catalog import Catalog
-    from sexpgpu.loading import Loads
+    from sexpgpu.checkpoint.loads import Loads
     from sexpgpu_torch.trainer import TorchTrainer
     decls = [
         ParamDecl(f"teacher.w{i}", TensorType((elements,), "f32"), Init("zeros", ()), False, (),
@@ -84,7 +84,7 @@ def child(path: Path, which: str, count: int, elements: int) -> dict:
 def idle_peak() -> int:
     """The peak memory of a child that imports what both sides import and reads nothing."""
     code = (
-        "import resource, numpy, torch, safetensors.torch, sexpgpu.loading, sexpgpu_torch.lowering;"
+        "import resource, numpy, torch, safetensors.torch, sexpgpu.checkpoint.loads, sexpgpu_torch.lowering;"
         "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)"
     )
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
@@ -159,9 +159,9 @@ def bucket(folder: Path) -> None:
         proxy = CountingProxy(server.port).start()
         os.environ["AWS_ENDPOINT_URL_S3"] = proxy.url
         from sexpgpu.catalog import Catalog
+        from sexpgpu.checkpoint.loads import Loads
         from sexpgpu.errors import Pos
         from sexpgpu.graph import Init, LoadSpec, ParamDecl, TensorType
-        from sexpgpu.loading import Loads
 
         decls = [
             ParamDecl(

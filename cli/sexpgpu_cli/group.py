@@ -30,7 +30,7 @@ class LazyGroup(click.Group):
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         # A built-in name always means the built-in: plugins never replace one
-        # (Plugins.register_commands refuses them, this makes it hold regardless).
+        # (plugin_commands.add_commands refuses them; this makes it hold regardless).
         target = BUILTIN_COMMANDS.get(cmd_name)
         if target is None:
             return self.commands.get(cmd_name)
@@ -102,7 +102,9 @@ def catalog() -> Catalog:
 def build_cli(plugins: Catalog) -> click.Group:
     """The root group with every available plugin's commands added (never over a
     built-in one: such a plugin is listed unavailable by ``sexpgpu plugins``)."""
-    plugins.add_commands(cli, reserved=BUILTIN_COMMANDS)
+    from sexpgpu_cli.plugin_commands import add_commands
+
+    add_commands(plugins, cli, reserved=BUILTIN_COMMANDS)
     return cli
 
 

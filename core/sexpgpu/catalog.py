@@ -36,13 +36,11 @@ import pluggy
 from sexpgpu import __version__, hookspecs
 from sexpgpu.errors import PluginError, StorageError
 from sexpgpu.plugin_supplies import (
-    COMMANDS_HOOK,
     DISABLE_PLUGINS,
     PROJECT_DISTRIBUTION,
     SUPPLIES,
     Conflict,
     contested_keys,
-    describe,
     exception_text,
     find_conflicts,
     nearest,
@@ -99,26 +97,6 @@ class PluginRecord:
         """``distribution version``, as messages name a plugin's origin."""
         return f"{self.distribution} {self.version}"
 
-    @property
-    def ours(self) -> bool:
-        """Whether the plugin is one of sexpgpu's own (its distribution is the project's)."""
-        return _normalized(self.distribution) == PROJECT_DISTRIBUTION
-
-    def as_json(self) -> dict[str, Any]:
-        """The record as ``sexpgpu plugins --json`` prints it (without what it supplies)."""
-        return {
-            "name": self.name,
-            "module": self.module,
-            "distribution": self.distribution,
-            "version": self.version,
-            "hooks": self.hooks,
-            "available": self.available,
-            "disabled": self.disabled,
-            "reason": self.reason,
-            "warnings": self.warnings,
-            "traceback": self.traceback,
-        }
-
 
 class Catalog:
     """The loaded plugins and what they supply, asked for by hook.
@@ -136,6 +114,7 @@ class Catalog:
         self.warnings: list[str] = []
         """Mistakes in the environment (a disabled name that matches nothing)."""
         self.command_conflicts: list[Conflict] = []
+        """Commands two plugins add (found by the CLI as it adds them)."""
         self._supplied: dict[str, list[tuple[Any, PluginRecord]]] = {}
         self._failed: set[tuple[str, str]] = set()  # (plugin, hook) whose hook raised
         self._warned = False
@@ -219,7 +198,7 @@ class Catalog:
             plugin = load()
             self._manager.register(plugin, name=record.name)
         except Exception as exc:  # a broken plugin must never lock a user out
-            self._fail(record, "failed to load", exc)
+            self.fail(record, "failed to load", exc)
             return
         record.plugin = plugin
         implemented = {
@@ -232,14 +211,14 @@ class Catalog:
         record.warnings = _hook_mistakes(plugin, implemented)
         if "sexpgpu_unavailable" in record.hooks:
             try:
-                reason = next(iter(self._ask(record, "sexpgpu_unavailable")), None)
+                reason = next(iter(self.ask(record, "sexpgpu_unavailable")), None)
             except Exception as exc:
-                self._fail(record, "availability check failed", exc)
+                self.fail(record, "availability check failed", exc)
                 return
             if reason:
                 record.available, record.reason = False, str(reason)
 
-    def _fail(self, record: PluginRecord, what: str, exc: BaseException) -> None:
+    def fail(self, record: PluginRecord, what: str, exc: BaseException) -> None:
         """Mark ``record`` unavailable because of ``exc``, keeping its whole message."""
         record.available = False
         record.reason = f"{what}: {exception_text(exc)}"
@@ -283,7 +262,7 @@ class Catalog:
 
     # -- asking
 
-    def _ask(self, record: PluginRecord, hook: str, **kwargs: Any) -> list[Any]:
+    def ask(self, record: PluginRecord, hook: str, **kwargs: Any) -> list[Any]:
         """Call ``hook`` on one plugin only, through pluggy's relay (so argument
         matching and SEXPGPU_TRACE_PLUGINS apply); its non-None result in a list."""
         others = [p for p in self._manager.get_plugins() if p is not record.plugin]
@@ -306,9 +285,9 @@ class Catalog:
                 if record.plugin is None or hook not in record.hooks:
                     continue
                 try:
-                    items = next(iter(self._ask(record, hook)), None) or []
+                    items = next(iter(self.ask(record, hook)), None) or []
                 except Exception as exc:  # one plugin's bug must not break every lookup
-                    self._fail(record, f"{hook} failed", exc)
+                    self.fail(record, f"{hook} failed", exc)
                     self._failed.add((record.name, hook))
                     continue
                 found.extend((item, record) for item in items)
@@ -363,22 +342,10 @@ class Catalog:
             found.extend(find_conflicts(hook, ((i, r.name, r.where) for i, r in claims)))
         return found + self.command_conflicts
 
-    def supplies(self, record: PluginRecord) -> dict[str, list[dict[str, Any]]]:
-        """What ``record`` supplies, by hook (without the ``sexpgpu_`` prefix), described."""
-        supplies: dict[str, list[dict[str, Any]]] = {}
-        for hook in SUPPLIES:
-            if record.plugin is None or hook not in record.hooks:
-                continue
-            items = [item for item, owner in self.supplied(hook) if owner is record]
-            if (record.name, hook) in self._failed:
-                continue
-            described = [d for d in (describe(hook, item) for item in items) if d is not None]
-            supplies[hook.removeprefix("sexpgpu_")] = described
-        if record.commands:
-            supplies[COMMANDS_HOOK.removeprefix("sexpgpu_")] = [
-                {"title": name, "name": name, "doc": doc} for name, doc in record.commands.items()
-            ]
-        return supplies
+    def failed(self, record: PluginRecord, hook: str) -> bool:
+        """Whether ``record``'s ``hook`` raised when it was asked (the plugin is then
+        unavailable, its reason saying why)."""
+        return (record.name, hook) in self._failed
 
     # -- what the core takes, typed
 
@@ -439,72 +406,6 @@ class Catalog:
             lambda info: scheme in info.schemes,
         )
         return backend.factory(uri)
-
-    # -- the command line
-
-    def add_commands(self, cli: Any, reserved: Collection[str] = ()) -> None:
-        """Let every available plugin add its CLI subcommands to ``cli``.
-
-        Each plugin adds its commands to a group of its own first, so that what
-        it adds is known before anything is replaced: a plugin adding a command
-        named in ``reserved`` (the built-in ones) is made unavailable, and a
-        command two plugins add is replaced by one that refuses with the
-        conflict. A plugin whose hook raises is skipped.
-        """
-        import click
-
-        claims: dict[str, list[tuple[PluginRecord, Any]]] = {}
-        for record in self.records:
-            if COMMANDS_HOOK not in record.hooks or not record.available:
-                continue
-            staging = click.Group(name=getattr(cli, "name", None))
-            try:
-                self._ask(record, COMMANDS_HOOK, cli=staging)
-            except Exception as exc:
-                self._fail(record, "adding its commands failed", exc)
-                continue
-            record.commands = {
-                name: command.get_short_help_str(limit=100)
-                for name, command in sorted(staging.commands.items())
-            }
-            taken = sorted(set(staging.commands) & set(reserved))
-            if taken:
-                record.available = False
-                listed = ", ".join(f"'{name}'" for name in taken)
-                record.reason = (
-                    f"its command {listed} would replace the built-in one"
-                    if len(taken) == 1
-                    else f"its commands {listed} would replace the built-in ones"
-                )
-                continue
-            for name, command in staging.commands.items():
-                claims.setdefault(name, []).append((record, command))
-        for name, owners in claims.items():
-            if len(owners) == 1:
-                cli.add_command(owners[0][1], name)
-                continue
-            conflict = Conflict(
-                COMMANDS_HOOK, f"command '{name}'", tuple((r.name, r.where) for r, _ in owners)
-            )
-            self.command_conflicts.append(conflict)
-            cli.add_command(_refusing_command(name, conflict), name)
-
-
-def _refusing_command(name: str, conflict: Conflict) -> Any:
-    """A command standing for ``name`` that two plugins add: it only refuses."""
-    import click
-
-    def refuse() -> None:
-        raise conflict.error()
-
-    return click.Command(
-        name,
-        callback=refuse,
-        help=conflict.message(),
-        short_help=f"refused: added by {' and '.join(conflict.plugins)} (see `sexpgpu plugins`)",
-        context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
-        add_help_option=False,
-    )
 
 
 def _hook_mistakes(plugin: Any, implemented: dict[str, bool]) -> list[str]:

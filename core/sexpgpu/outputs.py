@@ -1,6 +1,7 @@
-"""What a run writes besides its tensors' updates: the checkpoint location (proved
-writable first), the metrics stream, the status file and the checkpointer, opened
-at the start of a run and closed, in order, at its end.
+"""What a run writes and tells besides its tensors' updates: the checkpoint location
+(proved writable first), the metrics stream, the status file and the checkpointer,
+opened at the start of a run and closed, in order, at its end; and the
+:class:`Reporter` that tells the person watching.
 
 Rank 0 writes for every rank: the other ranks get a metrics stream with no sink and
 a status file that writes nothing, so the step loop says the same things on every
@@ -12,13 +13,13 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sexpgpu.errors import RunError
 
 if TYPE_CHECKING:
     from sexpgpu.catalog import Catalog
-    from sexpgpu.checkpointer import Checkpointer
+    from sexpgpu.checkpoint.checkpointer import Checkpointer
     from sexpgpu.extension import RankGroup, Storage
     from sexpgpu.metrics import MetricsStream
     from sexpgpu.train import Run
@@ -41,6 +42,39 @@ def open_location(
             hint="--checkpoint-dir or SEXPGPU_CHECKPOINT_DIR",
         )
     return None
+
+
+class Reporter(Protocol):
+    """What the person watching a run is told: each committed step, each eval pass's
+    numbers, and a closing summary (the CLI draws a progress bar and logs lines)."""
+
+    def step(self, step: int, loss: float, lr: float, tokens: int | None) -> None:
+        """A committed step."""
+
+    def evaluated(self, step: int, name: str, numbers: dict[str, float]) -> None:
+        """An eval pass's numbers."""
+
+    def close(self) -> None:
+        """Stop drawing (the run's end, or a failure on the way)."""
+
+    def summary(self, state: str, step: int, **fields: Any) -> None:
+        """How the run ended (``finished``, ``interrupted``, ``failed``), with ``fields``."""
+
+
+class Quiet:
+    """A :class:`Reporter` that tells nothing: a run called as a library."""
+
+    def step(self, step: int, loss: float, lr: float, tokens: int | None) -> None:
+        """Nothing."""
+
+    def evaluated(self, step: int, name: str, numbers: dict[str, float]) -> None:
+        """Nothing."""
+
+    def close(self) -> None:
+        """Nothing."""
+
+    def summary(self, state: str, step: int, **fields: Any) -> None:
+        """Nothing."""
 
 
 @dataclass
@@ -91,7 +125,7 @@ class Outputs:
 
     @classmethod
     def _for_writer(cls, run: Run, slug: str, run_dir: str) -> Outputs:
-        from sexpgpu.checkpointer import Checkpointer
+        from sexpgpu.checkpoint.checkpointer import Checkpointer
         from sexpgpu.metrics import MetricsStream, open_sinks
         from sexpgpu.status import StatusFile, run_identity
 
@@ -140,6 +174,38 @@ class Outputs:
         if self.checkpointer is not None:
             return self.checkpointer.last
         return self.resumed_from
+
+    def checkpoint(self, run: Run, *, finished: bool) -> None:
+        """Checkpoint ``run`` at its step: snapshot now, written and reported in the
+        background (waited for when ``finished``)."""
+        from sexpgpu import checkpoint as ckpt
+        from sexpgpu.session import state_names_for
+
+        def state() -> dict[str, Any]:
+            return ckpt.state_record(
+                step=run.step,
+                stage=run.stage,
+                records=run.records,
+                counters=run.counters,
+                loader=run.loader.position() if run.loader is not None else None,
+                seed=run.program.run.seed,
+                evals_pending=run.evals_pending,
+            )
+
+        def experiment() -> dict[str, Any]:
+            return ckpt.experiment_record(
+                run.program,
+                choices=run.session.made,
+                slug=self.slug,
+                devices=run.group.size,
+                nodes=run.group.nodes,
+                finished=finished,
+                state_names=state_names_for(run.program, run.stage, run.catalog),
+                loaded=run.session.loaded,
+            )
+
+        assert self.checkpointer is not None
+        self.checkpointer.save(run.step, state=state, experiment=experiment, wait=finished)
 
     def wait_for_checkpoint(self) -> None:
         """Return once the checkpoint being written is stored (raises if it failed)."""

@@ -1,5 +1,5 @@
 """What plugins supply, in one table: per hook, the names two plugins must not both
-supply (a conflict) and how one descriptor is described by ``sexpgpu plugins``.
+supply (a conflict).
 
 A conflict is never settled by load order. The contested thing is refused, with
 a one-line error (``E-PLUGIN-001``) naming every plugin that supplies it and how
@@ -24,51 +24,12 @@ PROJECT_DISTRIBUTION = "sexpgpu"
 
 @dataclass(frozen=True)
 class SupplyKind:
-    """How the descriptors of one hook are keyed and described.
-
-    ``keys(info)`` gives the phrases naming what the descriptor claims
-    (``storage scheme 'file'``); two available plugins claiming one phrase
-    conflict. ``title(info)`` heads its line in ``sexpgpu plugins``;
-    ``describe(info)`` is its JSON object (always with ``doc``).
-    """
+    """How the descriptors of one hook are keyed: ``keys(info)`` gives the phrases
+    naming what the descriptor claims (``storage scheme 'file'``); two available
+    plugins claiming one phrase conflict."""
 
     hook: str
-    singular: str
     keys: Callable[[Any], tuple[str, ...]]
-    title: Callable[[Any], str]
-    describe: Callable[[Any], dict[str, Any]]
-
-
-def _doc(info: Any) -> str:
-    return str(getattr(info, "doc", "") or "")
-
-
-def _storage(info: Any) -> dict[str, Any]:
-    return {"schemes": list(info.schemes), "doc": _doc(info)}
-
-
-def _named(info: Any) -> dict[str, Any]:
-    return {"name": info.name, "doc": _doc(info)}
-
-
-def _with_options(info: Any) -> dict[str, Any]:
-    described = {"name": info.name, "options": dict(info.options), "doc": _doc(info)}
-    option_docs = dict(getattr(info, "option_docs", None) or {})
-    if option_docs:
-        described["option_docs"] = option_docs
-    return described
-
-
-def _kernel(info: Any) -> dict[str, Any]:
-    return {
-        "kind": info.kind,
-        "name": info.name,
-        "lowering": info.lowering,
-        "devices": list(info.devices),
-        "deterministic": bool(info.deterministic),
-        "priority": info.priority,
-        "doc": _doc(info),
-    }
 
 
 def defaults_of(info: Any) -> tuple[str, ...]:
@@ -85,20 +46,6 @@ def _lowering_keys(info: Any) -> tuple[str, ...]:
         f"lowering '{info.name}'",
         *(f"lowering for '{device}' devices" for device in defaults_of(info)),
     )
-
-
-def _lowering(info: Any) -> dict[str, Any]:
-    return {
-        "name": info.name,
-        "devices": list(info.devices),
-        "default_for": list(defaults_of(info)),
-        "doc": _doc(info),
-    }
-
-
-def _op(info: Any) -> dict[str, Any]:
-    implementations = getattr(info, "implementations", None) or {}
-    return {"name": info.name, "lowerings": sorted(implementations), "doc": _doc(info)}
 
 
 def _op_keys(info: Any) -> tuple[str, ...]:
@@ -132,67 +79,26 @@ def _built_in_claims(hook: str) -> list[tuple[str, str, str]]:
 SUPPLIES: dict[str, SupplyKind] = {
     kind.hook: kind
     for kind in (
-        SupplyKind(
-            "sexpgpu_lowerings",
-            "lowering",
-            _lowering_keys,
-            lambda i: i.name,
-            _lowering,
-        ),
+        SupplyKind("sexpgpu_lowerings", _lowering_keys),
         SupplyKind(
             "sexpgpu_kernels",
-            "kernel",
             lambda i: (f"{i.kind} kernel '{i.name}' of the {i.lowering} lowering",),
-            lambda i: f"{i.kind}:{i.name}",
-            _kernel,
         ),
-        SupplyKind("sexpgpu_ops", "op", _op_keys, lambda i: i.name, _op),
-        SupplyKind(
-            "sexpgpu_optimizers",
-            "optimizer",
-            lambda i: (f"optimizer '{i.name}'",),
-            lambda i: i.name,
-            _with_options,
-        ),
+        SupplyKind("sexpgpu_ops", _op_keys),
+        SupplyKind("sexpgpu_optimizers", lambda i: (f"optimizer '{i.name}'",)),
         SupplyKind(
             "sexpgpu_storage_backends",
-            "storage",
             lambda i: tuple(f"storage scheme '{scheme}'" for scheme in i.schemes),
-            lambda i: ", ".join(f"{scheme}://" for scheme in i.schemes),
-            _storage,
         ),
-        SupplyKind(
-            "sexpgpu_metrics_sinks",
-            "metrics sink",
-            lambda i: (f"metrics sink '{i.name}'",),
-            lambda i: i.name,
-            _named,
-        ),
-        SupplyKind(
-            "sexpgpu_data_sources",
-            "data source",
-            lambda i: (f"data source '{i.name}'",),
-            lambda i: i.name,
-            _with_options,
-        ),
-        SupplyKind(
-            "sexpgpu_evaluators",
-            "evaluator",
-            # one runner serves every pass: any two plugins supplying one conflict
-            lambda i: ("eval-pass runner",),
-            lambda i: i.name,
-            _named,
-        ),
-        SupplyKind(
-            "sexpgpu_eval_metrics",
-            "eval metric",
-            lambda i: (f"eval metric '{i.name}'",),
-            lambda i: i.name,
-            _named,
-        ),
+        SupplyKind("sexpgpu_metrics_sinks", lambda i: (f"metrics sink '{i.name}'",)),
+        SupplyKind("sexpgpu_data_sources", lambda i: (f"data source '{i.name}'",)),
+        # one runner serves every pass: any two plugins supplying one conflict
+        SupplyKind("sexpgpu_evaluators", lambda i: ("eval-pass runner",)),
+        SupplyKind("sexpgpu_eval_metrics", lambda i: (f"eval metric '{i.name}'",)),
     )
 }
-"""Every hook that supplies descriptors, with its conflict keys and description.
+"""Every hook that supplies descriptors, with its conflict keys (how ``sexpgpu plugins``
+describes each is the CLI's).
 Commands (``sexpgpu_cli_commands``) are keyed by command name where they are added."""
 
 COMMANDS_HOOK = "sexpgpu_cli_commands"
@@ -302,18 +208,6 @@ def refusing(info: Any, conflict: Conflict) -> Any:
         elif isinstance(value, Mapping) and value and all(callable(v) for v in value.values()):
             changes[spec.name] = {key: refuse for key in value}
     return dataclasses.replace(info, **changes)
-
-
-def describe(hook: str, info: Any) -> dict[str, Any] | None:
-    """The JSON description of one descriptor, or ``None`` when it cannot be described."""
-    kind = SUPPLIES.get(hook)
-    if kind is None:
-        return None
-    try:
-        described = {"title": kind.title(info), **kind.describe(info)}
-    except Exception:  # a malformed descriptor: listed as such, never a traceback
-        return {"title": repr(info)[:80], "doc": "(a malformed descriptor)"}
-    return described
 
 
 def nearest(name: str, known: Iterable[str]) -> str | None:

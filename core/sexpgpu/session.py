@@ -17,7 +17,6 @@ handed in. Torch-free: a lowering imports its own libraries when it lowers.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -29,9 +28,9 @@ from sexpgpu.extension import DataLoader, DataSourceInfo, Evaluator, Supplies, T
 if TYPE_CHECKING:
     from sexpgpu.catalog import Catalog
     from sexpgpu.checkpoint import Loaded
+    from sexpgpu.checkpoint.loads import Loads
     from sexpgpu.extension import Storage
     from sexpgpu.graph import DataDecl, Program
-    from sexpgpu.loading import Loads
 
 __all__ = [
     "E_FOREIGN_RUN",
@@ -44,7 +43,6 @@ __all__ = [
     "evaluator",
     "lower",
     "open_loader",
-    "prepare_environment",
     "state_names_for",
 ]
 
@@ -239,7 +237,7 @@ class Session:
         ``resume`` names (``latest``: the newest under ``checkpoint_dir``, or a fresh
         start), check that the program may continue it on ``devices`` devices of
         ``nodes`` nodes, and settle the choices."""
-        from sexpgpu.loading import Loads
+        from sexpgpu.checkpoint.loads import Loads
 
         program = selection.compile(catalog)
         loads = Loads.of(program, catalog.open_location)
@@ -445,7 +443,7 @@ class CheckpointOpener:
         if not any(param.load is not None for param in program.params):
             return []
         from sexpgpu.checkpoint import compare_loads
-        from sexpgpu.loading import Loads
+        from sexpgpu.checkpoint.loads import Loads
 
         loads = Loads.of(program, self.catalog.open_location)
         loads.check()
@@ -454,71 +452,6 @@ class CheckpointOpener:
         if frozen:
             trainer.set_params(loads.read(frozen))
         return moved
-
-
-# ---------------------------------------------------------------- before the libraries start
-
-
-def prepare_environment(
-    catalog: Catalog,
-    target: Target,
-    *,
-    resume: str | None,
-    checkpoint_dir: str | None,
-) -> dict[str, str]:
-    """Set, in ``os.environ``, what the lowering's libraries must start with to take
-    this run's pinned choices (a resume's record, the user's requests); returns it.
-
-    Called by ``sexpgpu run`` before anything imports those libraries (they read
-    some settings once, when they start): the lowering the run will take says what
-    (``LoweringInfo.environment``). Read without them; errors are left to the run,
-    which reads the checkpoint again and reports what is wrong in its place.
-    """
-    from sexpgpu.errors import SexpError
-    from sexpgpu.kernels import choose_lowering, device_kind
-    from sexpgpu.plugin_supplies import defaults_of
-
-    recorded = _recorded_choices(catalog, resume, checkpoint_dir) if resume else None
-    try:
-        choices = target.choices(None, recorded)
-        lowerings = catalog.lowerings()
-        info = choose_lowering(lowerings, device=target.device, choices=choices)
-        if info is None:
-            kind = device_kind(target.device)
-            info = next((i for i in lowerings if kind in defaults_of(i)), None)
-        if info is None or info.environment is None:
-            return {}
-        env = dict(info.environment(choices.pins()))
-    except SexpError:
-        return {}
-    overridden = {k: v for k, v in env.items() if k in os.environ and os.environ[k] != v}
-    os.environ.update(env)
-    if overridden and recorded is not None and not target.fresh:
-        from sexpgpu.log import get_logger
-
-        # This machine's own setting was set aside: say so, the run did move.
-        get_logger("sexpgpu.run").info(
-            "environment pinned to the checkpoint's choices", **overridden
-        )
-    return env
-
-
-def _recorded_choices(
-    catalog: Catalog, resume: str, checkpoint_dir: str | None
-) -> dict[str, str] | None:
-    """The ``choices`` of the checkpoint ``--resume resume`` names; ``None`` when there
-    is none, or when it cannot be read (the run's own read then reports that)."""
-    from sexpgpu import checkpoint as ckpt
-    from sexpgpu.errors import SexpError
-
-    try:
-        found = ckpt.resolve_resume(resume, checkpoint_dir, catalog.open_location)
-        if found is None:
-            return None
-        experiment = ckpt.read_experiment(*found)
-    except (SexpError, OSError):
-        return None
-    return {str(k): str(v) for k, v in experiment.get("choices", {}).items()}
 
 
 def _value_text(value: Any) -> str:

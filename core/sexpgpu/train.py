@@ -5,7 +5,7 @@ Read it top to bottom: :func:`run` opens a run (:meth:`Run.set_up`, through a
 loop). A step takes a batch, lets the trainer propose new parameters and states,
 checks the proposal when the finite guard is on, and commits it; counters and the
 step number advance only on commit. Checkpoints go to a
-:class:`~sexpgpu.checkpointer.Checkpointer` (snapshot in the loop, write and report
+:class:`~sexpgpu.checkpoint.checkpointer.Checkpointer` (snapshot in the loop, write and report
 in the background, retention); what a person sees goes to the :class:`Reporter` a
 front end hands in.
 """
@@ -16,14 +16,15 @@ import os
 import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from sexpgpu.errors import CheckpointError, RunError, SexpError, StorageError, UsageError
 from sexpgpu.extension import RankGroup
 from sexpgpu.log import get_logger
+from sexpgpu.outputs import Quiet, Reporter
 from sexpgpu.ranks import SOLO, StopAgreement, check_batches, check_replicas, join_group
 from sexpgpu.schedule import lr_at
-from sexpgpu.session import Selection, Session, Target, evaluator, open_loader, state_names_for
+from sexpgpu.session import Selection, Session, Target, evaluator, open_loader
 from sexpgpu.signals import StopWatch, interruption, process_watch
 
 if TYPE_CHECKING:
@@ -31,39 +32,6 @@ if TYPE_CHECKING:
     from sexpgpu.graph import Program
 
 DEFAULT_METRICS_DIR = "./sexpgpu-runs"
-
-
-class Reporter(Protocol):
-    """What the person watching a run is told: each committed step, each eval pass's
-    numbers, and a closing summary (the CLI draws a progress bar and logs lines)."""
-
-    def step(self, step: int, loss: float, lr: float, tokens: int | None) -> None:
-        """A committed step."""
-
-    def evaluated(self, step: int, name: str, numbers: dict[str, float]) -> None:
-        """An eval pass's numbers."""
-
-    def close(self) -> None:
-        """Stop drawing (the run's end, or a failure on the way)."""
-
-    def summary(self, state: str, step: int, **fields: Any) -> None:
-        """How the run ended (``finished``, ``interrupted``, ``failed``), with ``fields``."""
-
-
-class Quiet:
-    """A :class:`Reporter` that tells nothing: a run called as a library."""
-
-    def step(self, step: int, loss: float, lr: float, tokens: int | None) -> None:
-        """Nothing."""
-
-    def evaluated(self, step: int, name: str, numbers: dict[str, float]) -> None:
-        """Nothing."""
-
-    def close(self) -> None:
-        """Nothing."""
-
-    def summary(self, state: str, step: int, **fields: Any) -> None:
-        """Nothing."""
 
 
 @dataclass
@@ -378,36 +346,9 @@ class Run:
 
     def _checkpoint(self, *, finished: bool) -> None:
         """Checkpoint the current step (written and reported in the background)."""
-        from sexpgpu import checkpoint as ckpt
-
-        if self.checkpointer is None:
-            return
-        self._report_unreported()
-
-        def state() -> dict[str, Any]:
-            return ckpt.state_record(
-                step=self.step,
-                stage=self.stage,
-                records=self.records,
-                counters=self.counters,
-                loader=self.loader.position() if self.loader is not None else None,
-                seed=self.program.run.seed,
-                evals_pending=self.evals_pending,
-            )
-
-        def experiment() -> dict[str, Any]:
-            return ckpt.experiment_record(
-                self.program,
-                choices=self.session.made,
-                slug=self.outputs.slug,
-                devices=self.group.size,
-                nodes=self.group.nodes,
-                finished=finished,
-                state_names=state_names_for(self.program, self.stage, self.catalog),
-                loaded=self.session.loaded,
-            )
-
-        self.checkpointer.save(self.step, state=state, experiment=experiment, wait=finished)
+        if self.checkpointer is not None:
+            self._report_unreported()
+            self.outputs.checkpoint(self, finished=finished)
 
     # ---------------------------------------------------------------- endings
 

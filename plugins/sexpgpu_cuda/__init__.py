@@ -17,7 +17,7 @@ from typing import Any
 
 from sexpgpu.extension import KernelInfo, LoweringInfo, module_missing
 from sexpgpu.hookspecs import hookimpl
-from sexpgpu_torch import cpu_environment, join_group
+from sexpgpu_torch import join_group, torch_environment
 
 LOWERING = "compiled"
 """The lowering's name: ``--lowering compiled``, ``KernelInfo.lowering`` of its kernels,
@@ -45,7 +45,7 @@ def sexpgpu_lowerings() -> list[LoweringInfo]:
             devices=("cuda", "cpu"),
             factory=_lowering_factory,
             group=join_group,  # the ranks are torch.distributed's, as eager's are
-            environment=cpu_environment,  # torch's own settings, as eager's are
+            environment=torch_environment,  # torch's own settings, as eager's are
             doc="torch.compile (inductor) of every graph: loss and backward, update, eval",
             default_for=("cuda",),
         )

@@ -23,7 +23,7 @@ def _lowering_factory() -> Any:
     return TorchLowering()
 
 
-def cpu_environment(pins: Mapping[str, str]) -> dict[str, str]:
+def torch_environment(pins: Mapping[str, str]) -> dict[str, str]:
     """``LoweringInfo.environment`` of a lowering that runs on torch: what ATen, OpenMP
     and MKL must start with to take the pinned CPU choices (imports no torch)."""
     from sexpgpu_torch.cpu_environment import environment_for
@@ -54,7 +54,7 @@ def sexpgpu_lowerings() -> list[LoweringInfo]:
             devices=("cpu", "cuda"),
             factory=_lowering_factory,
             group=join_group,
-            environment=cpu_environment,
+            environment=torch_environment,
             doc="PyTorch eager execution of a compiled program (CPU, CUDA)",
             # the reference on the CPU; on CUDA the compiled lowering is the default
             default_for=("cpu",),

@@ -9,7 +9,8 @@ from sexpgpu.choices import Choices
 from sexpgpu.errors import CheckpointError, PluginError
 from sexpgpu.extension import LoweringInfo
 from sexpgpu.kernels import choose_lowering
-from sexpgpu.plugin_supplies import defaults_of, describe, find_conflicts
+from sexpgpu.plugin_supplies import defaults_of, find_conflicts
+from sexpgpu_cli.describing import describe
 
 HOOK = "sexpgpu_lowerings"
 

@@ -9,9 +9,9 @@ import os
 import pytest
 import torch
 
-from sexpgpu import session
 from sexpgpu.errors import CheckpointError
 from sexpgpu.session import Target
+from sexpgpu_cli import environment
 from sexpgpu_torch import cpu as torch_cpu
 from sexpgpu_torch import cpu_environment as cpu
 from tests.catalogs import project
@@ -101,14 +101,16 @@ def test_environment_for_sets_only_what_the_processor_can_take(monkeypatch) -> N
 
 def test_the_environment_is_pinned_before_torch_from_the_checkpoint(monkeypatch) -> None:
     recorded = dict(RECORDED)
-    monkeypatch.setattr(session, "_recorded_choices", lambda catalog, resume, where: recorded)
+    monkeypatch.setattr(environment, "recorded_choices", lambda catalog, resume, where: recorded)
     for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "ATEN_CPU_CAPABILITY", "MKL_CBWR"):
         # set first, so that monkeypatch puts back what was there (or nothing) afterwards
         monkeypatch.setenv(variable, "unset")
         monkeypatch.delenv(variable)
 
     def prepare(target: Target, resume: str) -> dict[str, str]:
-        return session.prepare_environment(project(), target, resume=resume, checkpoint_dir=None)
+        return environment.prepare_environment(
+            project(), target, resume=resume, checkpoint_dir=None
+        )
 
     env = prepare(Target(), "ckpt/step-00000004")
     assert env["OMP_NUM_THREADS"] == "1" and env["ATEN_CPU_CAPABILITY"] == "default"
@@ -122,8 +124,8 @@ def test_the_environment_is_pinned_before_torch_from_the_checkpoint(monkeypatch)
 
 
 def test_recorded_choices_of_a_missing_checkpoint_is_none(tmp_path) -> None:
-    assert session._recorded_choices(project(), str(tmp_path / "nothing"), None) is None
-    assert session._recorded_choices(project(), "latest", str(tmp_path)) is None
+    assert environment.recorded_choices(project(), str(tmp_path / "nothing"), None) is None
+    assert environment.recorded_choices(project(), "latest", str(tmp_path)) is None
 
 
 def test_the_torch_lowering_records_what_torch_runs_with() -> None:

@@ -21,8 +21,8 @@ def test_disabled_a_run_without_passes_trains_and_one_with_passes_stops_before_s
     result = run_sexpgpu(*RUN, cwd=workdir, env=env)
     assert result.returncode == 1
     assert one_line(result.stderr) == (
-        "eval.sx:20:11: E-EVAL-001: eval passes (:evals) cannot run: the plugin 'eval' "
-        "that supplies them is unavailable: disabled by SEXPGPU_DISABLE_PLUGINS"
+        "eval.sx:20:11: E-EVAL-001: eval passes (:evals) cannot run: no available plugin "
+        "supplies them, and SEXPGPU_DISABLE_PLUGINS disables eval"
     )
     assert not list((workdir / "ck").glob("step-*")) and not (workdir / "m").exists()
 

@@ -23,6 +23,7 @@ from sexpgpu.extension import (
     StorageBackendInfo,
     module_missing,
 )
+from sexpgpu_cli.plugin_commands import add_commands
 
 from .pluginkit import make_plugin
 
@@ -246,7 +247,7 @@ def test_sexpgpu_cli_commands(loaded) -> None:
     def root() -> None:
         """A root group standing in for the sexpgpu CLI."""
 
-    plugins.add_commands(root)
+    add_commands(plugins, root)
     assert "t-hello" in root.commands
     # the unavailable plugin supplies no command and is not asked
     result = CliRunner().invoke(root, ["t-hello"])

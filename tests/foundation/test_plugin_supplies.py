@@ -21,12 +21,14 @@ from sexpgpu.plugin_supplies import (
     nearest,
     refusing,
 )
+from sexpgpu_cli.describing import DESCRIBED
 
 from .pluginkit import make_plugin
 
 
-def test_every_hook_that_supplies_things_has_a_conflict_key() -> None:
+def test_every_hook_that_supplies_things_has_a_conflict_key_and_a_description() -> None:
     assert set(SUPPLIES) | {COMMANDS_HOOK, "sexpgpu_unavailable"} == set(HOOK_NAMES)
+    assert set(DESCRIBED) == set(SUPPLIES)
 
 
 def _kernel(name: str, lowering: str = "torch") -> KernelInfo:

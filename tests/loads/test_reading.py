@@ -12,9 +12,9 @@ import torch
 from safetensors.numpy import save_file
 from safetensors.torch import save_file as save_torch_file
 
+from sexpgpu.checkpoint.loads import Loads, open_storage, read_header
 from sexpgpu.errors import Pos, SexpError, SourceError
 from sexpgpu.graph import Init, LoadSpec, ParamDecl, TensorType
-from sexpgpu.loading import Loads, open_storage, read_header
 from tests.catalogs import open_location
 
 POS = Pos("model.sx", 3, 10)

@@ -40,7 +40,7 @@ def _shape(shape: tuple[int, ...]) -> str:
 def check(file: str, sets: tuple[str, ...], variant: str | None, steps: int | None) -> None:
     """Compile FILE, check every shape and every :load tensor (headers only), and
     list its choice sites with the kernels for each, and its parameters."""
-    from sexpgpu.loading import Loads
+    from sexpgpu.checkpoint.loads import Loads
 
     program = _compile(file, sets, variant, steps)
     Loads.of(program, catalog().open_location).check()

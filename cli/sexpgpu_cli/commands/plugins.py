@@ -30,13 +30,15 @@ def plugins(as_json: bool) -> None:
     loaded = catalog()
     # asked first: a hook that raises here makes its plugin unavailable, which
     # the records below must already say
-    supplies = {record.name: loaded.supplies(record) for record in loaded.records}
+    from sexpgpu_cli.describing import supplies as described
+
+    supplies = {record.name: described(loaded, record) for record in loaded.records}
     conflicts = loaded.conflicts()
     listing = [
         (
             record,
             {
-                **record.as_json(),
+                **_record_json(record),
                 "supplies": supplies[record.name],
                 "conflicts": [c.as_json() for c in conflicts if record.name in c.plugins],
             },
@@ -60,8 +62,15 @@ def plugins(as_json: bool) -> None:
             click.echo(f"  {warning}")
 
 
+def _record_json(record: Any) -> dict[str, Any]:
+    """A plugin's record as ``--json`` prints it (without what it supplies)."""
+    fields = ("name", "module", "distribution", "version", "hooks", "available", "disabled")
+    extra = ("reason", "warnings", "traceback")
+    return {name: getattr(record, name) for name in (*fields, *extra)}
+
+
 def _record_lines(record: Any, entry: dict[str, Any], width: int) -> list[str]:
-    from sexpgpu.plugin_supplies import SUPPLIES
+    from sexpgpu_cli.describing import DESCRIBED
 
     pad = " " * (width + 2)
     state = "available" if record.available else f"unavailable: {record.reason}"
@@ -71,7 +80,7 @@ def _record_lines(record: Any, entry: dict[str, Any], width: int) -> list[str]:
     )
     lines.append(f"{pad}hooks: {hooks or '-'}")
     for short, described in entry["supplies"].items():
-        kind = SUPPLIES.get(f"sexpgpu_{short}")
+        kind = DESCRIBED.get(f"sexpgpu_{short}")
         singular = kind.singular if kind else "command"
         lines.extend(f"{pad}{_supply_line(singular, item)}" for item in described)
     for conflict in entry["conflicts"]:

@@ -121,7 +121,8 @@ def run(
 ) -> None:
     """Train FILE, checkpointing to --checkpoint-dir and resuming with --resume."""
     from sexpgpu.choices import parse_requests
-    from sexpgpu.session import Selection, Target, prepare_environment
+    from sexpgpu.session import Selection, Target
+    from sexpgpu_cli.environment import prepare_environment
     from sexpgpu_cli.launch import Worker, in_worker, launch
     from sexpgpu_cli.reporting import LogEvery, Reporter
 

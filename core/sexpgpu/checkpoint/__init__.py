@@ -1,4 +1,5 @@
-"""The checkpoint layer: writing, finding, reading, checking and describing checkpoints.
+"""The checkpoint layer: writing, finding, reading, checking and describing checkpoints,
+and reading the ``:load`` files a checkpoint pins.
 
 A checkpoint is one folder ``step-<8 digits>`` under a checkpoint location
 holding four files (see docs/checkpoints.md):
@@ -23,7 +24,10 @@ codes), :mod:`~sexpgpu.checkpoint.records` (the two JSON records),
 policy) and :mod:`~sexpgpu.checkpoint.describe` (what ``sexpgpu checkpoint``
 shows, as data), :mod:`~sexpgpu.checkpoint.integrity` (CRC32C checksums),
 :mod:`~sexpgpu.checkpoint.schema` (the records' JSON Schemas, bounded JSON) and
-:mod:`~sexpgpu.checkpoint.tidy` (removing what cut-off writes left). The names below are the layer's public API.
+:mod:`~sexpgpu.checkpoint.tidy` (removing what cut-off writes left),
+:mod:`~sexpgpu.checkpoint.checkpointer` (a run's writes, off its step loop, and
+retention) and :mod:`~sexpgpu.checkpoint.loads` (the ``:load`` files of a program:
+checked, identified, read). The names below are the layer's public API.
 """
 
 from __future__ import annotations

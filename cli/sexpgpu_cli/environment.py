@@ -1,0 +1,72 @@
+"""What ``sexpgpu run`` sets before anything imports torch.
+
+Some libraries read their settings once, when they start (ATen its vector
+capability, OpenMP its thread count, MKL its reproducibility branch), so a run
+that must take a checkpoint's pinned choices sets them in its environment first:
+the lowering the run will take says what (``LoweringInfo.environment``). It is read
+without those libraries; errors are left to the run, which reads the checkpoint
+again and reports what is wrong in its place.
+"""
+
+from __future__ import annotations
+
+import os
+
+from sexpgpu.catalog import Catalog
+from sexpgpu.session import Target
+
+
+def prepare_environment(
+    catalog: Catalog,
+    target: Target,
+    *,
+    resume: str | None,
+    checkpoint_dir: str | None,
+) -> dict[str, str]:
+    """Set, in ``os.environ``, what the lowering's libraries must start with to take
+    this run's pinned choices (a resume's record, the user's requests); returns it."""
+    from sexpgpu.errors import SexpError
+    from sexpgpu.kernels import choose_lowering, device_kind
+    from sexpgpu.plugin_supplies import defaults_of
+
+    recorded = recorded_choices(catalog, resume, checkpoint_dir) if resume else None
+    try:
+        choices = target.choices(None, recorded)
+        lowerings = catalog.lowerings()
+        info = choose_lowering(lowerings, device=target.device, choices=choices)
+        if info is None:
+            kind = device_kind(target.device)
+            info = next((i for i in lowerings if kind in defaults_of(i)), None)
+        if info is None or info.environment is None:
+            return {}
+        env = dict(info.environment(choices.pins()))
+    except SexpError:
+        return {}
+    overridden = {k: v for k, v in env.items() if k in os.environ and os.environ[k] != v}
+    os.environ.update(env)
+    if overridden and recorded is not None and not target.fresh:
+        from sexpgpu.log import get_logger
+
+        # This machine's own setting was set aside: say so, the run did move.
+        get_logger("sexpgpu.run").info(
+            "environment pinned to the checkpoint's choices", **overridden
+        )
+    return env
+
+
+def recorded_choices(
+    catalog: Catalog, resume: str, checkpoint_dir: str | None
+) -> dict[str, str] | None:
+    """The ``choices`` of the checkpoint ``--resume resume`` names; ``None`` when there
+    is none, or when it cannot be read (the run's own read then reports that)."""
+    from sexpgpu import checkpoint as ckpt
+    from sexpgpu.errors import SexpError
+
+    try:
+        found = ckpt.resolve_resume(resume, checkpoint_dir, catalog.open_location)
+        if found is None:
+            return None
+        experiment = ckpt.read_experiment(*found)
+    except (SexpError, OSError):
+        return None
+    return {str(k): str(v) for k, v in experiment.get("choices", {}).items()}
