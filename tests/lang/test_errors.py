@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from lang_helpers import BASE, RUN
+from lang_helpers import BASE, RUN, compile_text
 
 from sexpgpu.errors import SexpError, SourceError
-from lang_helpers import compile_text
 
 
 def _error(text: str) -> str:

@@ -5,9 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from lang_helpers import EXAMPLES
-
-from lang_helpers import compile_file
+from lang_helpers import EXAMPLES, compile_file
 
 
 @pytest.mark.parametrize("name", ["my-run.sx", "tiny-lm.sx", "cnn.sx"])

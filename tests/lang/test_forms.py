@@ -6,11 +6,10 @@ import hashlib
 import os
 
 import pytest
-from lang_helpers import BASE, RUN, program
+from lang_helpers import BASE, RUN, compile_file, compile_text, program
 
 from sexpgpu.errors import Pos, SourceError
 from sexpgpu.graph import Init, LoadSpec, Schedule, TensorType
-from lang_helpers import compile_file, compile_text
 from sexpgpu.lang import core_source
 
 

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from lang_helpers import EXAMPLES
+from lang_helpers import EXAMPLES, compile_text
 
 from sexpgpu.errors import SexpError, SourceError
 from sexpgpu.graph import Program
-from lang_helpers import compile_text
 from sexpgpu.lang.reader import read
 
 TEXTS = {p.name: p.read_text() for p in sorted(EXAMPLES.glob("*.sx"))}

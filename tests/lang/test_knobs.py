@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from lang_helpers import RUN
+from lang_helpers import RUN, compile_text
 
 from sexpgpu.errors import SourceError, UsageError
 from sexpgpu.graph import Knob
-from lang_helpers import compile_text
 
 TEXT = """
 (defknob lr 0.5 "learning rate")

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from lang_helpers import model_output
+from lang_helpers import compile_text, model_output
 
 from sexpgpu.errors import Pos, SourceError
 from sexpgpu.graph import TensorType
-from lang_helpers import compile_text
 from sexpgpu.lang.ops import infer
 
 P = Pos("t.sx", 1, 1)

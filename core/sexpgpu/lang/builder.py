@@ -12,7 +12,7 @@ from typing import Any
 from sexpgpu import graph as g
 from sexpgpu.errors import Pos
 from sexpgpu.lang.model import Instance
-from sexpgpu.lang.plugin_ops import PluginOps
+from sexpgpu.lang.optable import OpTable
 from sexpgpu.lang.text import describe, err
 
 __all__ = ["Builder", "Ctx", "GraphEnv", "Sites", "T"]
@@ -48,7 +48,7 @@ class Sites:
     a place written once is one site (and one dropout key) wherever it is compiled."""
 
     def __init__(self) -> None:
-        self.sites: dict[str, g.ChoiceSite] = {}
+        self._sites: dict[str, g.ChoiceSite] = {}
         self._keys: dict[tuple[str, str, Pos], str] = {}
         self._dropout: dict[tuple[str, Pos], int] = {}
 
@@ -59,12 +59,16 @@ class Sites:
             return self._keys[key]
         name = f"{kind}:{scope}"
         n = 2
-        while name in self.sites:
+        while name in self._sites:
             name, n = f"{kind}:{scope}#{n}", n + 1
         shown = {k: v for k, v in attrs.items() if k not in ("body", "slots", "site")}
-        self.sites[name] = g.ChoiceSite(name, kind, pos, shown)
+        self._sites[name] = g.ChoiceSite(name, kind, pos, shown)
         self._keys[key] = name
         return name
+
+    def named(self) -> tuple[g.ChoiceSite, ...]:
+        """The sites named so far, in the order their nodes were added."""
+        return tuple(self._sites.values())
 
     def dropout_key(self, scope: str, pos: Pos) -> int:
         """The key of the dropout written at ``pos`` in ``scope`` (iterations of a repeat share it)."""
@@ -76,7 +80,7 @@ class GraphEnv:
     """What every graph of one program is built with: the ops it may call (typed by
     ``ops``) and the program's choice sites and dropout keys."""
 
-    ops: PluginOps
+    ops: OpTable
     sites: Sites = field(default_factory=Sites)
 
 

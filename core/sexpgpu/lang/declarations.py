@@ -4,7 +4,7 @@ data source, optimizers and their schedules, and the eval metrics plugins supply
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sexpgpu import graph as g
 from sexpgpu.errors import PluginError, Pos, SexpError, SourceError
@@ -12,6 +12,9 @@ from sexpgpu.lang.reader import SList, Sym, show
 from sexpgpu.lang.static import Statics
 from sexpgpu.lang.syntax import pick_keywords, relative_to_file, split_args
 from sexpgpu.lang.text import describe, err, listing, suggest
+
+if TYPE_CHECKING:
+    from sexpgpu.catalog import Catalog
 
 __all__ = ["E_NO_EVAL", "Declarations"]
 
@@ -23,7 +26,7 @@ class Declarations:
     """Declarations read against ``catalog``, their values known by ``statics``;
     each ``defdata`` of ``datas`` is declared once, however often it is named."""
 
-    def __init__(self, datas: Mapping[str, SList], statics: Statics, catalog: Any) -> None:
+    def __init__(self, datas: Mapping[str, SList], statics: Statics, catalog: Catalog) -> None:
         self._datas = datas
         self.statics = statics
         self.catalog = catalog
@@ -216,7 +219,7 @@ class Declarations:
         return {info.name: info for info in plugins.available("sexpgpu_eval_metrics")}
 
 
-def _no_evaluator(catalog: Any) -> str:
+def _no_evaluator(catalog: Catalog) -> str:
     """Why no plugin runs eval passes: the one that would is unavailable (its reason),
     or disabled, or none is installed."""
     unavailable = [r for _, r in catalog.supplied("sexpgpu_evaluators") if not r.available]

@@ -5,7 +5,7 @@ parameter declared."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sexpgpu import graph as g
 from sexpgpu.errors import Pos, SourceError
@@ -19,13 +19,16 @@ from sexpgpu.lang.static import Statics
 from sexpgpu.lang.syntax import pick_keywords, split_args
 from sexpgpu.lang.text import err, listing, suggest
 
+if TYPE_CHECKING:
+    from sexpgpu.catalog import Catalog
+
 __all__ = ["elaborate"]
 
 # the layers being made, outermost first: a layer found among them contains itself
 Active = tuple[tuple[str, Pos], ...]
 
 
-def elaborate(defs: Definitions, knobs: Knobs, run: RunForm, catalog: Any) -> Model:
+def elaborate(defs: Definitions, knobs: Knobs, run: RunForm, catalog: Catalog) -> Model:
     """Make the roots ``run`` names from the layers of ``defs``; ``catalog`` is asked
     which storage schemes a ``:load`` may name."""
     maker = _Maker(defs, Statics(knobs.values), catalog)
@@ -45,7 +48,7 @@ def elaborate(defs: Definitions, knobs: Knobs, run: RunForm, catalog: Any) -> Mo
 class _Maker:
     """Makes instances; the parameters declared so far, in order."""
 
-    def __init__(self, defs: Definitions, statics: Statics, catalog: Any) -> None:
+    def __init__(self, defs: Definitions, statics: Statics, catalog: Catalog) -> None:
         self.layers = defs.layers
         self.core_layers = defs.core_layers
         self.statics = statics

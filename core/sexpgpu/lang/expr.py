@@ -127,9 +127,9 @@ class ExprCompiler:
             target = ctx.roots[name]
         if target is not None:
             return self.call_layer(target, [self.expr(a, ctx) for a in args], pos, ctx)
-        spec = BUILTINS.surface(name) or BUILTINS.surface(name.replace("_", "-"))
-        if spec is not None:
-            surface = name if BUILTINS.surface(name) is not None else name.replace("_", "-")
+        builtin = self.env.ops.builtin(name)
+        if builtin is not None:
+            spec, surface = builtin
             return compile_call(OpCall(self, spec, surface, args, pos, ctx))
         return self.plugin_call(head, args, pos, ctx)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sexpgpu import graph as g
 from sexpgpu.errors import Pos
@@ -18,11 +18,14 @@ from sexpgpu.lang.expr import ExprCompiler
 from sexpgpu.lang.knobs import Knobs
 from sexpgpu.lang.model import Instance, Model
 from sexpgpu.lang.ops import FLOATS
+from sexpgpu.lang.optable import OpTable
 from sexpgpu.lang.plan import EvalPlan, RunPlan, StagePlan
-from sexpgpu.lang.plugin_ops import PluginOps
 from sexpgpu.lang.reader import SList, Sym, read, show
 from sexpgpu.lang.static import Statics
 from sexpgpu.lang.text import describe, err, listing, suggest
+
+if TYPE_CHECKING:
+    from sexpgpu.catalog import Catalog
 
 __all__ = ["Graphs", "build_graphs", "loss_graph", "scalar"]
 
@@ -37,10 +40,10 @@ class Graphs:
     sites: tuple[g.ChoiceSite, ...]
 
 
-def build_graphs(plan: RunPlan, model: Model, knobs: Knobs, catalog: Any) -> Graphs:
+def build_graphs(plan: RunPlan, model: Model, knobs: Knobs, catalog: Catalog) -> Graphs:
     """Compile ``plan``'s stages and evals over ``model``'s roots; ops no built-in
     names are looked up in ``catalog``."""
-    env = GraphEnv(PluginOps(catalog))
+    env = GraphEnv(OpTable(catalog))
     exprs = ExprCompiler(Statics(knobs.values), env)
     stages: list[g.Stage] = []
     evals: list[g.EvalPass] = []
@@ -50,7 +53,7 @@ def build_graphs(plan: RunPlan, model: Model, knobs: Knobs, catalog: Any) -> Gra
             stages.append(g.Stage(item.name, item.steps, item.data, item.optimizer, loss))
         else:
             evals.append(eval_pass(exprs, item, model.roots))
-    return Graphs(tuple(stages), tuple(evals), tuple(env.sites.sites.values()))
+    return Graphs(tuple(stages), tuple(evals), env.sites.named())
 
 
 def loss_graph(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sexpgpu import graph as g
 from sexpgpu.errors import PluginError, Pos, SourceError
@@ -15,6 +15,9 @@ from sexpgpu.lang.reader import SList, SVec, Sym, show
 from sexpgpu.lang.static import Statics
 from sexpgpu.lang.syntax import pick_keywords, relative_to_file, split_args
 from sexpgpu.lang.text import err, listing, suggest
+
+if TYPE_CHECKING:
+    from sexpgpu.catalog import Catalog
 
 __all__ = ["STORAGE_HOOK", "Loaded", "Params"]
 
@@ -48,7 +51,7 @@ class Params:
     """Reads parameter declarations, their values known by ``statics``, their files'
     schemes checked against ``catalog``'s storage backends."""
 
-    def __init__(self, statics: Statics, catalog: Any) -> None:
+    def __init__(self, statics: Statics, catalog: Catalog) -> None:
         self.statics = statics
         self.catalog = catalog
 

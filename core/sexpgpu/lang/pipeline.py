@@ -14,7 +14,7 @@ A pass raises the first mistake it finds, and the passes after it do not run.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING
 
 from sexpgpu import graph as g
 from sexpgpu.lang.collect import collect
@@ -26,13 +26,16 @@ from sexpgpu.lang.knobs import Knobs, settle_knobs
 from sexpgpu.lang.model import Model
 from sexpgpu.lang.plan import plan_run
 
+if TYPE_CHECKING:
+    from sexpgpu.catalog import Catalog
+
 __all__ = ["assemble", "compile_program"]
 
 
 def compile_program(
     core: SourceText,
     main: SourceText,
-    catalog: Any,
+    catalog: Catalog,
     sets: Mapping[str, str],
     variant: str | None,
     steps: int | None,

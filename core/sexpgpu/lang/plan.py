@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sexpgpu import graph as g
 from sexpgpu.errors import Pos
@@ -23,6 +23,9 @@ from sexpgpu.lang.reader import SList, SVec, Sym
 from sexpgpu.lang.static import Statics
 from sexpgpu.lang.syntax import named_form
 from sexpgpu.lang.text import err, suggest
+
+if TYPE_CHECKING:
+    from sexpgpu.catalog import Catalog
 
 __all__ = ["COUNTERS", "EvalPlan", "RunPlan", "StagePlan", "plan_run"]
 
@@ -64,7 +67,7 @@ class RunPlan:
     items: Iterator[StagePlan | EvalPlan]
 
 
-def plan_run(defs: Definitions, knobs: Knobs, run: RunForm, catalog: Any) -> RunPlan:
+def plan_run(defs: Definitions, knobs: Knobs, run: RunForm, catalog: Catalog) -> RunPlan:
     """Plan the run ``run``: its settings and the run's optimizer now, its stages and
     evals as :attr:`RunPlan.items` is read; data and optimizers are looked up in ``catalog``."""
     decls = Declarations(defs.datas, Statics(knobs.values), catalog)

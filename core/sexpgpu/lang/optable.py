@@ -1,11 +1,12 @@
-"""The ops plugins supply through ``sexpgpu_ops``, found in the catalog by the name
-a call writes, and the type rule of every op a graph may hold."""
+"""The op table a program's graphs are built with: the built-in ops of the registry
+(:mod:`sexpgpu.lang.ops`), the ops plugins supply through ``sexpgpu_ops`` (found
+in the catalog by the name a call writes), and the type rule of every op."""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sexpgpu import graph as g
 from sexpgpu.errors import PluginError, Pos, SourceError
@@ -13,18 +14,30 @@ from sexpgpu.lang.ops import BUILTINS, STRUCTURAL, OpSpec
 from sexpgpu.lang.ops import infer as infer_builtin
 from sexpgpu.lang.text import err, listing
 
-__all__ = ["OPS_HOOK", "PluginOps"]
+if TYPE_CHECKING:
+    from sexpgpu.catalog import Catalog
+
+__all__ = ["OPS_HOOK", "OpTable"]
 
 OPS_HOOK = "sexpgpu_ops"
 
 
-class PluginOps:
-    """The ops plugins supply, looked up by surface name on first use, and the typing
-    of a node of any op (built-in or plugin)."""
+class OpTable:
+    """The ops a call may name: built-in ones, and those plugins supply (looked up in
+    the catalog on first use); and the typing of a node of any of them."""
 
-    def __init__(self, catalog: Any) -> None:
+    def __init__(self, catalog: Catalog) -> None:
         self._catalog = catalog
         self._found: dict[str, OpSpec] = {}
+
+    def builtin(self, name: str) -> tuple[OpSpec, str] | None:
+        """The built-in op ``name`` calls, and the surface name it is found by
+        (``layer_norm`` is found as ``layer-norm``); ``None`` when none is."""
+        for surface in (name, name.replace("_", "-")):
+            spec = BUILTINS.surface(surface)
+            if spec is not None:
+                return spec, surface
+        return None
 
     def find(self, name: str, pos: Pos) -> OpSpec | None:
         """The spec of plugin op ``name`` (recording its plugin), ``None`` when no
