@@ -4,7 +4,8 @@ Two entry points: :func:`compile_file` for a file on disk and :func:`compile_tex
 for text in hand (tests, tools). Both take the :class:`sexpgpu.catalog.Catalog` of
 what plugins supply (data sources, optimizers, ops, eval metrics, storage schemes),
 and return a checked :class:`sexpgpu.graph.Program` or raise a
-:class:`sexpgpu.errors.SexpError`. Nothing here imports torch.
+:class:`sexpgpu.errors.SexpError`. The compiler is a sequence of passes with typed
+results (:mod:`sexpgpu.lang.pipeline` lists them). Nothing here imports torch.
 """
 
 from __future__ import annotations

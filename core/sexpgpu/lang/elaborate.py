@@ -13,7 +13,7 @@ from sexpgpu.lang.definitions import CORE_NAME, Definitions, LayerDef
 from sexpgpu.lang.defrun import RunForm
 from sexpgpu.lang.knobs import Knobs
 from sexpgpu.lang.model import MAX_REPEAT, Instance, Model, Stack, framed
-from sexpgpu.lang.params import Loaded, Params
+from sexpgpu.lang.params import Loaded, ParamReader
 from sexpgpu.lang.reader import SList, Sym, show
 from sexpgpu.lang.static import Statics
 from sexpgpu.lang.syntax import pick_keywords, split_args
@@ -52,7 +52,7 @@ class _Maker:
         self.layers = defs.layers
         self.core_layers = defs.core_layers
         self.statics = statics
-        self.reader = Params(statics, catalog)
+        self.param_reader = ParamReader(statics, catalog)
         self.params: list[g.ParamDecl] = []
 
     def instantiate(
@@ -126,7 +126,7 @@ class _Maker:
         for item in inst.ldef.items:
             kind, name = item.items[0].name, item.items[1].name
             if kind == "param":
-                decl = self.reader.decl(item, f"{path}.{name}", statics, loaded)
+                decl = self.param_reader.decl(item, f"{path}.{name}", statics, loaded)
                 inst.params[name] = decl
                 self.params.append(decl)
             else:
@@ -186,7 +186,7 @@ class _Maker:
         uri = self.statics.static(opts["file"], {})
         if not isinstance(uri, str):
             raise err(":file is a string", opts["file"].pos)
-        uri = self.reader.check_uri(uri, opts["file"].pos)
+        uri = self.param_reader.check_uri(uri, opts["file"].pos)
         template = "{path}"
         if "names" in opts:
             template = self.statics.static(opts["names"], {})

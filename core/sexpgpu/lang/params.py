@@ -19,7 +19,7 @@ from sexpgpu.lang.text import err, listing, suggest
 if TYPE_CHECKING:
     from sexpgpu.catalog import Catalog
 
-__all__ = ["STORAGE_HOOK", "Loaded", "Params"]
+__all__ = ["STORAGE_HOOK", "Loaded", "ParamReader"]
 
 STORAGE_HOOK = "sexpgpu_storage_backends"
 
@@ -47,7 +47,7 @@ class Loaded:
         return g.LoadSpec(self.uri, self.template.replace("{path}", path).replace("{name}", name))
 
 
-class Params:
+class ParamReader:
     """Reads parameter declarations, their values known by ``statics``, their files'
     schemes checked against ``catalog``'s storage backends."""
 
