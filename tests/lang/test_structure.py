@@ -70,3 +70,22 @@ def test_no_import_cycles():
 
     for name in sorted(graph):
         visit(name, (name,))
+
+
+# the compiler's passes in the order they run (sexpgpu.lang.pipeline)
+PASSES = ("collect", "knobs", "defrun", "elaborate", "plan", "graphs", "pipeline")
+
+
+def test_a_pass_imports_no_pass_after_it():
+    modules = _modules()
+    graph = {name: _imports(name, tree, set(modules)) for name, tree in modules.items()}
+
+    def reached(name: str, seen: set[str]) -> set[str]:
+        for dep in graph[name] - seen:
+            seen.add(dep)
+            reached(dep, seen)
+        return seen
+
+    for i, name in enumerate(PASSES):
+        later = {f"sexpgpu.lang.{p}" for p in PASSES[i + 1 :]}
+        assert reached(f"sexpgpu.lang.{name}", set()) & later == set(), name

@@ -4,7 +4,8 @@ Two entry points: :func:`compile_file` for a file on disk and :func:`compile_tex
 for text in hand (tests, tools). Both take the :class:`sexpgpu.catalog.Catalog` of
 what plugins supply (data sources, optimizers, ops, eval metrics, storage schemes),
 and return a checked :class:`sexpgpu.graph.Program` or raise a
-:class:`sexpgpu.errors.SexpError`. Nothing here imports torch.
+:class:`sexpgpu.errors.SexpError`. The compiler is a sequence of passes with typed
+results (:mod:`sexpgpu.lang.pipeline` lists them). Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def compile_file(
     Raises :class:`SourceError` for mistakes in the sources and
     :class:`sexpgpu.errors.UsageError` for mistakes in these arguments.
     """
-    from sexpgpu.lang.forms import read_source_file
+    from sexpgpu.lang.collect import read_source_file
 
     try:
         # the file named on the command line is bounded like an included one
@@ -89,18 +90,15 @@ def _compile(
     variant: str | None,
     steps: int | None,
 ) -> Program:
-    from sexpgpu.lang.compiler import CORE_NAME, Compiler
+    from sexpgpu.lang.definitions import CORE_NAME, SourceText
+    from sexpgpu.lang.pipeline import compile_program
 
-    comp = Compiler(file, os.path.dirname(file) or ".", catalog)
-    core = core_source()
+    core_data = core_source()
+    core = SourceText(core_data.decode("utf-8"), core_data, CORE_NAME, CORE_NAME, None)
+    main = SourceText(text, data, file, os.path.basename(file), resolved)
 
     def compile_all() -> Program:
-        comp.load(core.decode("utf-8"), CORE_NAME, CORE_NAME, None, core)
-        if resolved is not None:
-            comp.read_paths.add(resolved)
-        comp.load(text, file, os.path.basename(file), resolved, data)
-        comp.settle_knobs(dict(sets or {}), variant, steps)
-        return comp.build(file, variant)
+        return compile_program(core, main, catalog, dict(sets or {}), variant, steps)
 
     try:
         return _with_deep_stack(compile_all)

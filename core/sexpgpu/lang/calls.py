@@ -1,35 +1,43 @@
-"""Calls of ops: parsing a call's arguments from its :class:`OpSpec`, and finding
-the ops plugins supply through ``sexpgpu_ops``.
+"""Calls of ops: parsing a call's arguments from its :class:`OpSpec`.
 
 :class:`OpCall` is the :class:`sexpgpu.lang.ops.Call` a per-op ``compile`` hook
-sees; :func:`compile_call` is the parsing every op without a hook gets.
+sees; :func:`compile_call` is the parsing every op without a hook gets. Both
+compile their arguments through the expression visitor
+(:class:`sexpgpu.lang.expr.ExprCompiler`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from sexpgpu.errors import PluginError, Pos, SourceError
-from sexpgpu.lang.ops import BUILTINS, REQUIRED, STRUCTURAL, Keyword, OpSpec
+from sexpgpu.errors import Pos
+from sexpgpu.lang.builder import Ctx, T
+from sexpgpu.lang.model import Instance, Stack
+from sexpgpu.lang.ops import REQUIRED, Keyword, OpSpec
 from sexpgpu.lang.reader import Atom
-from sexpgpu.lang.text import describe, err, listing
-from sexpgpu.lang.values import Ctx, Instance, Stack, T, pick_keywords, split_args
+from sexpgpu.lang.syntax import pick_keywords, split_args
+from sexpgpu.lang.text import describe, err
 
 if TYPE_CHECKING:
-    from sexpgpu.lang.compiler import Compiler
+    from sexpgpu.lang.expr import ExprCompiler
 
-OPS_HOOK = "sexpgpu_ops"
+__all__ = ["OpCall", "compile_call"]
 
 
 class OpCall:
     """One call of an op in an expression (implements :class:`sexpgpu.lang.ops.Call`)."""
 
     def __init__(
-        self, comp: Compiler, spec: OpSpec, name: str, arg_nodes: list[Any], pos: Pos, ctx: Ctx
+        self,
+        exprs: ExprCompiler,
+        spec: OpSpec,
+        name: str,
+        arg_nodes: list[Any],
+        pos: Pos,
+        ctx: Ctx,
     ) -> None:
-        self.comp = comp
+        self.exprs = exprs
         self.spec = spec
         self.name = name
         self.pos = pos
@@ -55,7 +63,7 @@ class OpCall:
     def value(self, i: int) -> Any:
         """Argument ``i`` compiled, once however often it is asked for."""
         if i not in self._values:
-            self._values[i] = self.comp.expr(self.positional[i], self.ctx)
+            self._values[i] = self.exprs.expr(self.positional[i], self.ctx)
         return self._values[i]
 
     def is_tensor(self, v: Any) -> bool:
@@ -64,15 +72,15 @@ class OpCall:
 
     def tensor(self, i: int, like: str | None = None) -> T:
         """Argument ``i`` as a tensor (a number becomes a constant of dtype ``like``)."""
-        return self.comp.as_tensor(self.value(i), self.positional[i].pos, self.ctx, like)
+        return self.exprs.as_tensor(self.value(i), self.positional[i].pos, self.ctx, like)
 
     def constant(self, v: Any, pos: Pos, like: str | None = None) -> T:
         """``v`` (a tensor or a number) as a tensor."""
-        return self.comp.as_tensor(v, pos, self.ctx, like)
+        return self.exprs.as_tensor(v, pos, self.ctx, like)
 
     def static(self, node: Any, what: str) -> Any:
         """``node``'s value, which must be known before training."""
-        v = self.comp.expr(node, self.ctx)
+        v = self.exprs.expr(node, self.ctx)
         if isinstance(v, (T, Instance, Stack)):
             raise err(f"{what} must be known before training, got {describe(v)}", node.pos)
         return v
@@ -99,7 +107,7 @@ class OpCall:
 
     def word(self, node: Any, what: str) -> str:
         """A symbol written in place (``bf16``) or a name bound to one."""
-        return self.comp.word(node, self.ctx.locals, what)
+        return self.exprs.statics.word(node, self.ctx.locals, what)
 
     def describe(self, v: Any) -> str:
         """``v`` as an error message shows it."""
@@ -118,7 +126,7 @@ class OpCall:
 
     def dropout_key(self) -> int:
         """The key that tells this call's dropout masks apart from every other's."""
-        return self.comp.dropout_key(self.scope, self.pos)
+        return self.exprs.env.sites.dropout_key(self.scope, self.pos)
 
     def keyword_value(self, k: Keyword, node: Any, attrs: dict[str, Any]) -> Any:
         """The value of keyword ``k`` as given (``node``) or by default."""
@@ -180,70 +188,3 @@ def compile_call(c: OpCall) -> Any:
         if k.kind == "axis":
             attrs[k.name] = c.axis(given.get(k.name, k.default), tensors[0])
     return c.add(spec.name, tensors, {k.name: attrs[k.name] for k in spec.keywords})
-
-
-class PluginOps:
-    """The ops plugins supply, looked up by surface name on first use."""
-
-    def __init__(self, catalog: Any) -> None:
-        self._catalog = catalog
-        self._found: dict[str, OpSpec] = {}
-
-    def find(self, name: str, pos: Pos) -> OpSpec | None:
-        """The spec of plugin op ``name`` (recording its plugin), ``None`` when no
-        plugin supplies it; a positioned error when its plugin is unavailable or
-        two plugins supply it."""
-        if name in self._found:
-            return self._found[name]
-        plugins = self._catalog
-        offers = [(i, r) for i, r in plugins.supplied(OPS_HOOK) if _offers(i, name)]
-        if not offers:
-            return None
-        try:
-            # one rule for every lookup: a conflict is E-PLUGIN-001 naming both plugins,
-            # an unavailable plugin is named with its reason
-            chosen = plugins.require(OPS_HOOK, f"the op '{name}'", lambda i: _offers(i, name))
-        except PluginError as exc:
-            raise SourceError(exc.message, code=exc.code, pos=pos) from None
-        record = next(r for i, r in offers if r.available)
-        spec = _checked(chosen.spec, record.name, pos)
-        self._found[name] = self._found[spec.name] = spec
-        return spec
-
-    def get(self, op: str) -> OpSpec | None:
-        """The spec of a plugin op found already, by its IR name."""
-        return self._found.get(op)
-
-    def names(self) -> list[str]:
-        """The surface names of the ops available plugins supply (for suggestions)."""
-        return [
-            s
-            for info, record in self._catalog.supplied(OPS_HOOK)
-            if record.available and _offers(info, None)
-            for s in info.spec.surfaces
-        ]
-
-    def hint(self) -> str:
-        """What to add to "unknown op" when disabled plugins might have supplied it."""
-        disabled = [r.name for r in self._catalog.records if r.disabled]
-        if not disabled:
-            return ""
-        return (
-            f"; it may come from a plugin disabled by SEXPGPU_DISABLE_PLUGINS: {listing(disabled)}"
-        )
-
-
-def _offers(info: Any, name: str | None) -> bool:
-    """Whether ``info`` is a new op (called ``name``, when given)."""
-    spec = getattr(info, "spec", None)
-    if not isinstance(spec, OpSpec) or BUILTINS.get(spec.name) is not None:
-        return False  # a lowering's implementation of a built-in op, not a new op
-    return name is None or name in spec.surfaces
-
-
-def _checked(spec: OpSpec, plugin: str, pos: Pos) -> OpSpec:
-    if spec.name in STRUCTURAL:
-        raise err(f"the plugin '{plugin}' supplies an op '{spec.name}', a name the IR keeps", pos)
-    if spec.node and spec.infer is None and spec.compile is None:
-        raise err(f"the plugin '{plugin}' supplies the op '{spec.name}' without an infer", pos)
-    return dataclasses.replace(spec, plugin=plugin)

@@ -1,56 +1,63 @@
-"""Expressions: forward, loss and metric expressions compiled into graph nodes:
-names, ``let``, ``->``, ``if``, calls of layers and stacks, and calls of ops
-(dispatched through the op registry, :mod:`sexpgpu.lang.ops`)."""
+"""The expression visitor: forward, loss and metric expressions compiled into graph
+nodes. Every expression compiles through one :class:`ExprCompiler`: names,
+``let``, ``->``, ``if``, calls of layers and stacks, and calls of ops (parsed
+from their spec in the op registry, :mod:`sexpgpu.lang.ops`, or a plugin's)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable
 from typing import Any
 
 from sexpgpu import graph as g
 from sexpgpu.errors import Pos, SourceError
+from sexpgpu.lang.builder import Builder, Ctx, GraphEnv, T
 from sexpgpu.lang.calls import OpCall, compile_call
+from sexpgpu.lang.model import Instance, Stack, framed
 from sexpgpu.lang.ops import BUILTINS
 from sexpgpu.lang.reader import Atom, Kw, SList, SVec, Sym, show
+from sexpgpu.lang.static import Pre, Statics
 from sexpgpu.lang.text import describe, err, suggest
-from sexpgpu.lang.values import Builder, Ctx, Instance, Pre, Stack, T, framed
+
+__all__ = ["SPECIAL_FORMS", "ExprCompiler"]
 
 SPECIAL_FORMS = ("let", "->", "if")
 
 
-class ExprMixin:
-    """The compiler's compiling of expressions into graph nodes."""
+class ExprCompiler:
+    """Compiles expressions in a :class:`Ctx` into nodes of its graph; names not bound
+    there are the knobs of ``statics``, and ``env`` holds what all graphs share."""
 
-    def site(self, kind: str, scope: str, pos: Pos, attrs: Mapping[str, Any]) -> str:
-        """The name of the choice site of ``kind`` at ``scope`` written at ``pos`` (one per place)."""
-        key = (kind, scope, pos)
-        if key in self.site_keys:
-            return self.site_keys[key]
-        name = f"{kind}:{scope}"
-        n = 2
-        while name in self.sites:
-            name, n = f"{kind}:{scope}#{n}", n + 1
-        shown = {k: v for k, v in attrs.items() if k not in ("body", "slots", "site")}
-        self.sites[name] = g.ChoiceSite(name, kind, pos, shown)
-        self.site_keys[key] = name
-        return name
-
-    def dropout_key(self, scope: str, pos: Pos) -> int:
-        """The key of the dropout written at ``pos`` in ``scope`` (iterations of a repeat share it)."""
-        return self.dropout_keys.setdefault((scope, pos), len(self.dropout_keys))
+    def __init__(self, statics: Statics, env: GraphEnv) -> None:
+        self.statics = statics
+        self.env = env
+        self._kinds: dict[type, Callable[[Any, Ctx], Any]] = {
+            Pre: self._value,
+            Atom: self._value,
+            SVec: self._vector,
+            Kw: self._keyword,
+            Sym: self.name_value,
+            SList: self._list,
+        }
+        self._special: dict[str, Callable[[list[Any], Pos, Ctx], Any]] = {
+            "let": self.form_let,
+            "->": self.form_thread,
+            "if": self.form_if,
+        }
 
     def expr(self, node: Any, ctx: Ctx) -> Any:
         """A forward, loss or metric expression: a tensor :class:`T` or a static value."""
-        if isinstance(node, Pre):
-            return node.value
-        if isinstance(node, Atom):
-            return node.value
-        if isinstance(node, SVec):
-            return tuple(self.expr(x, ctx) for x in node.items)
-        if isinstance(node, Kw):
-            raise err(f"unexpected keyword :{node.name}", node.pos)
-        if isinstance(node, Sym):
-            return self.name_value(node, ctx)
+        return self._kinds.get(type(node), self._list)(node, ctx)
+
+    def _value(self, node: Pre | Atom, ctx: Ctx) -> Any:
+        return node.value
+
+    def _vector(self, node: SVec, ctx: Ctx) -> tuple[Any, ...]:
+        return tuple(self.expr(x, ctx) for x in node.items)
+
+    def _keyword(self, node: Kw, ctx: Ctx) -> Any:
+        raise err(f"unexpected keyword :{node.name}", node.pos)
+
+    def _list(self, node: SList, ctx: Ctx) -> Any:
         if not node.items:
             raise err("an empty list () is not an expression", node.pos)
         head = node.items[0]
@@ -76,9 +83,9 @@ class ExprMixin:
             return ctx.b.input(name, ctx.fields[name], node.pos)
         if ctx.roots is not None and name in ctx.roots:
             return ctx.roots[name]
-        if name in self.knobs:
-            return self.knobs[name].value
-        candidates = [*ctx.locals, *self.knobs]
+        if name in self.statics.knobs:
+            return self.statics.knobs[name]
+        candidates = [*ctx.locals, *self.statics.knobs]
         if inst is not None:
             candidates += [*inst.params, *inst.subs, *inst.statics]
         if ctx.fields is not None:
@@ -105,19 +112,9 @@ class ExprMixin:
     def call(self, head: Sym, args: list[Any], pos: Pos, ctx: Ctx) -> Any:
         """``(name args...)``: a special form, a call of a layer, or an op."""
         name = head.name
-        if name == "let":
-            return self.form_let(args, pos, ctx)
-        if name == "->":
-            return self.form_thread(args, pos, ctx)
-        if name == "if":
-            if len(args) != 3:
-                raise err("if takes a condition and two branches: (if c a b)", pos)
-            c = self.expr(args[0], ctx)
-            if not isinstance(c, bool):
-                raise err(
-                    f"if needs true or false known before training, got {describe(c)}", args[0].pos
-                )
-            return self.expr(args[1] if c else args[2], ctx)
+        special = self._special.get(name)
+        if special is not None:
+            return special(args, pos, ctx)
         # a sub-layer, a root or a local bound to a layer
         target = None
         if name in ctx.locals and isinstance(ctx.locals[name], (Instance, Stack)):
@@ -130,9 +127,9 @@ class ExprMixin:
             target = ctx.roots[name]
         if target is not None:
             return self.call_layer(target, [self.expr(a, ctx) for a in args], pos, ctx)
-        spec = BUILTINS.surface(name) or BUILTINS.surface(name.replace("_", "-"))
-        if spec is not None:
-            surface = name if BUILTINS.surface(name) is not None else name.replace("_", "-")
+        builtin = self.env.ops.builtin(name)
+        if builtin is not None:
+            spec, surface = builtin
             return compile_call(OpCall(self, spec, surface, args, pos, ctx))
         return self.plugin_call(head, args, pos, ctx)
 
@@ -148,17 +145,15 @@ class ExprMixin:
                 else f"'{name}' is not an op; it belongs directly in a deflayer or defmodel",
                 head.pos,
             )
-        spec = self.plugin_ops.find(name, head.pos)
+        spec = self.env.ops.find(name, head.pos)
         if spec is not None:
             return compile_call(OpCall(self, spec, name, args, pos, ctx))
-        candidates = [*BUILTINS.surface_names(), *self.plugin_ops.names(), *SPECIAL_FORMS]
+        candidates = [*BUILTINS.surface_names(), *self.env.ops.names(), *SPECIAL_FORMS]
         if ctx.inst is not None:
             candidates += list(ctx.inst.subs)
         if ctx.roots is not None:
             candidates += list(ctx.roots)
-        raise err(
-            f"unknown op '{name}'{suggest(name, candidates)}{self.plugin_ops.hint()}", head.pos
-        )
+        raise err(f"unknown op '{name}'{suggest(name, candidates)}{self.env.ops.hint()}", head.pos)
 
     def form_let(self, args: list[Any], pos: Pos, ctx: Ctx) -> Any:
         """``(let [a E1 b E2] body...)``: each binding sees the ones before it."""
@@ -185,6 +180,17 @@ class ExprMixin:
         for body in args[1:]:
             result = self.expr(body, inner)
         return result
+
+    def form_if(self, args: list[Any], pos: Pos, ctx: Ctx) -> Any:
+        """``(if c a b)``: ``a`` or ``b``, by a condition known before training."""
+        if len(args) != 3:
+            raise err("if takes a condition and two branches: (if c a b)", pos)
+        c = self.expr(args[0], ctx)
+        if not isinstance(c, bool):
+            raise err(
+                f"if needs true or false known before training, got {describe(c)}", args[0].pos
+            )
+        return self.expr(args[1] if c else args[2], ctx)
 
     def form_thread(self, args: list[Any], pos: Pos, ctx: Ctx) -> Any:
         """``(-> x f (g 2))``: each step gets the value so far as its first argument."""
@@ -240,7 +246,7 @@ class ExprMixin:
                 f"{stack.path}: a repeated layer takes one input (the carry), got {len(args)}", pos
             )
         carry = self.as_tensor(args[0], pos, ctx)
-        body = Builder(self, (first.path, stack.path))
+        body = Builder(self.env, (first.path, stack.path))
         c = body.input("carry", carry.type, pos)
         out = self.call_layer(first, [c], pos, Ctx(body, None, {}))
         if not isinstance(out, T) or out.type != carry.type:

@@ -1,26 +1,43 @@
 """Compile-time evaluation: values known before training (numbers, strings,
-vectors, knobs, arithmetic and ``if``), and the typed readers built on it."""
+vectors, knobs, arithmetic and ``if``), and the typed readers built on it.
+
+Every pass after ``settle`` reads values this way, through one :class:`Statics`
+over the settled knobs."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
+from sexpgpu.errors import Pos
 from sexpgpu.lang.ops.elementwise import STATIC_HEADS, static_apply
 from sexpgpu.lang.reader import Atom, SList, SVec, Sym, show
 from sexpgpu.lang.text import describe, err, suggest
-from sexpgpu.lang.values import Pre
+
+__all__ = ["Pre", "Statics"]
 
 
-class StaticMixin:
-    """The compiler's evaluation of what is known before training."""
+@dataclass(frozen=True)
+class Pre:
+    """An argument that is already evaluated (the threaded value of ``->``)."""
+
+    value: Any
+    pos: Pos
+
+
+class Statics:
+    """Values known before training: those written, and the settled knobs'."""
+
+    def __init__(self, knobs: Mapping[str, Any]) -> None:
+        self.knobs = knobs
 
     def lookup_static(self, name: str, env: Mapping[str, Any]) -> tuple[bool, Any]:
         """``(found, value)`` of ``name`` in ``env``, then among the knobs."""
         if name in env:
             return True, env[name]
         if name in self.knobs:
-            return True, self.knobs[name].value
+            return True, self.knobs[name]
         return False, None
 
     def static(self, node: Any, env: Mapping[str, Any]) -> Any:

@@ -1,0 +1,108 @@
+"""The op table a program's graphs are built with: the built-in ops of the registry
+(:mod:`sexpgpu.lang.ops`), the ops plugins supply through ``sexpgpu_ops`` (found
+in the catalog by the name a call writes), and the type rule of every op."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from sexpgpu import graph as g
+from sexpgpu.errors import PluginError, Pos, SourceError
+from sexpgpu.lang.ops import BUILTINS, STRUCTURAL, OpSpec
+from sexpgpu.lang.ops import infer as infer_builtin
+from sexpgpu.lang.text import err, listing
+
+if TYPE_CHECKING:
+    from sexpgpu.catalog import Catalog
+
+__all__ = ["OPS_HOOK", "OpTable"]
+
+OPS_HOOK = "sexpgpu_ops"
+
+
+class OpTable:
+    """The ops a call may name: built-in ones, and those plugins supply (looked up in
+    the catalog on first use); and the typing of a node of any of them."""
+
+    def __init__(self, catalog: Catalog) -> None:
+        self._catalog = catalog
+        self._found: dict[str, OpSpec] = {}
+
+    def builtin(self, name: str) -> tuple[OpSpec, str] | None:
+        """The built-in op ``name`` calls, and the surface name it is found by
+        (``layer_norm`` is found as ``layer-norm``); ``None`` when none is."""
+        for surface in (name, name.replace("_", "-")):
+            spec = BUILTINS.surface(surface)
+            if spec is not None:
+                return spec, surface
+        return None
+
+    def find(self, name: str, pos: Pos) -> OpSpec | None:
+        """The spec of plugin op ``name`` (recording its plugin), ``None`` when no
+        plugin supplies it; a positioned error when its plugin is unavailable or
+        two plugins supply it."""
+        if name in self._found:
+            return self._found[name]
+        plugins = self._catalog
+        offers = [(i, r) for i, r in plugins.supplied(OPS_HOOK) if _offers(i, name)]
+        if not offers:
+            return None
+        try:
+            # one rule for every lookup: a conflict is E-PLUGIN-001 naming both plugins,
+            # an unavailable plugin is named with its reason
+            chosen = plugins.require(OPS_HOOK, f"the op '{name}'", lambda i: _offers(i, name))
+        except PluginError as exc:
+            raise SourceError(exc.message, code=exc.code, pos=pos) from None
+        record = next(r for i, r in offers if r.available)
+        spec = _checked(chosen.spec, record.name, pos)
+        self._found[name] = self._found[spec.name] = spec
+        return spec
+
+    def get(self, op: str) -> OpSpec | None:
+        """The spec of a plugin op found already, by its IR name."""
+        return self._found.get(op)
+
+    def infer(
+        self, op: str, args: Sequence[g.TensorType], attrs: Mapping[str, Any], pos: Pos
+    ) -> g.TensorType:
+        """The type of a node of ``op``: a built-in's rule, or a plugin op's."""
+        spec = BUILTINS.get(op) or self._found.get(op)
+        if spec is not None and spec.infer is not None and spec.plugin is not None:
+            return spec.infer(op, args, attrs, pos)
+        return infer_builtin(op, args, attrs, pos)
+
+    def names(self) -> list[str]:
+        """The surface names of the ops available plugins supply (for suggestions)."""
+        return [
+            s
+            for info, record in self._catalog.supplied(OPS_HOOK)
+            if record.available and _offers(info, None)
+            for s in info.spec.surfaces
+        ]
+
+    def hint(self) -> str:
+        """What to add to "unknown op" when disabled plugins might have supplied it."""
+        disabled = [r.name for r in self._catalog.records if r.disabled]
+        if not disabled:
+            return ""
+        return (
+            f"; it may come from a plugin disabled by SEXPGPU_DISABLE_PLUGINS: {listing(disabled)}"
+        )
+
+
+def _offers(info: Any, name: str | None) -> bool:
+    """Whether ``info`` is a new op (called ``name``, when given)."""
+    spec = getattr(info, "spec", None)
+    if not isinstance(spec, OpSpec) or BUILTINS.get(spec.name) is not None:
+        return False  # a lowering's implementation of a built-in op, not a new op
+    return name is None or name in spec.surfaces
+
+
+def _checked(spec: OpSpec, plugin: str, pos: Pos) -> OpSpec:
+    if spec.name in STRUCTURAL:
+        raise err(f"the plugin '{plugin}' supplies an op '{spec.name}', a name the IR keeps", pos)
+    if spec.node and spec.infer is None and spec.compile is None:
+        raise err(f"the plugin '{plugin}' supplies the op '{spec.name}' without an infer", pos)
+    return dataclasses.replace(spec, plugin=plugin)
