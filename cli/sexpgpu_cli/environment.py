@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 
 from sexpgpu.catalog import Catalog
-from sexpgpu.session import Target
+from sexpgpu.session import Target, recorded_choices
 
 
 def prepare_environment(
@@ -29,7 +29,7 @@ def prepare_environment(
     from sexpgpu.kernels import choose_lowering, device_kind
     from sexpgpu.plugin_supplies import defaults_of
 
-    recorded = recorded_choices(catalog, resume, checkpoint_dir) if resume else None
+    recorded = checkpoint_choices(catalog, resume, checkpoint_dir) if resume else None
     try:
         choices = target.choices(None, recorded)
         lowerings = catalog.lowerings()
@@ -54,7 +54,7 @@ def prepare_environment(
     return env
 
 
-def recorded_choices(
+def checkpoint_choices(
     catalog: Catalog, resume: str, checkpoint_dir: str | None
 ) -> dict[str, str] | None:
     """The ``choices`` of the checkpoint ``--resume resume`` names; ``None`` when there
@@ -69,4 +69,4 @@ def recorded_choices(
         experiment = ckpt.read_experiment(*found)
     except (SexpError, OSError):
         return None
-    return {str(k): str(v) for k, v in experiment.get("choices", {}).items()}
+    return recorded_choices(experiment, catalog)

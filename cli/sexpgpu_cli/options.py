@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from sexpgpu.errors import UsageError
 
 
@@ -14,6 +16,19 @@ def parse_sets(values: tuple[str, ...] | list[str]) -> dict[str, str]:
             raise UsageError(f"--set takes name=value, got '{item}'")
         sets[name.strip()] = value
     return sets
+
+
+def parse_requests(values: Iterable[str]) -> dict[str, str]:
+    """``("attention=sdpa", "stack:model.blocks=looped")`` -> ``{target: kernel}``, as
+    ``--choose`` takes them; a target given twice takes its last kernel (as ``--set``).
+    Raises :class:`UsageError` for an item that is not ``SITE=KERNEL``."""
+    requests: dict[str, str] = {}
+    for item in values:
+        target, sep, kernel = item.partition("=")
+        if not sep or not target.strip() or not kernel.strip():
+            raise UsageError(f"--choose takes SITE=KERNEL or KIND=KERNEL, got '{item}'")
+        requests[target.strip()] = kernel.strip()
+    return requests
 
 
 ROOT_OPTIONS = ("--log-format", "--log-level")

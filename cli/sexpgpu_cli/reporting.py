@@ -1,6 +1,6 @@
 """What a run tells the person watching it: step lines, eval numbers, a progress bar, a summary.
 
-The :class:`sexpgpu.train.Reporter` of ``sexpgpu run``.
+The :class:`sexpgpu.outputs.Reporter` of ``sexpgpu run``.
 
 Off a terminal the run logs a ``step`` line (step, loss, learning rate,
 throughput) at a bounded rate set by ``--log-every`` (:class:`LogEvery`), each
@@ -65,7 +65,7 @@ class LogEvery:
 
 class Reporter:
     """The step lines, eval numbers, progress bar and summary of one run (a
-    :class:`sexpgpu.train.Reporter`)."""
+    :class:`sexpgpu.outputs.Reporter`)."""
 
     def __init__(
         self, *, total: int, step: int, every: LogEvery, terminal: bool, tokens: int | None

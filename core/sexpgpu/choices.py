@@ -15,7 +15,7 @@ at once. A lowering asks :meth:`Choices.pin` for each of its choices.
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -123,19 +123,6 @@ def cannot_take(name: str, value: str, why: str) -> CheckpointError:
 
 
 # ---------------------------------------------------------------- --choose
-
-
-def parse_requests(values: Iterable[str]) -> dict[str, str]:
-    """``("attention=sdpa", "stack:model.blocks=looped")`` -> ``{target: kernel}``, as
-    ``--choose`` takes them; a target given twice takes its last kernel (as ``--set``).
-    Raises :class:`UsageError` for an item that is not ``SITE=KERNEL``."""
-    requests: dict[str, str] = {}
-    for item in values:
-        target, sep, kernel = item.partition("=")
-        if not sep or not target.strip() or not kernel.strip():
-            raise UsageError(f"{CHOOSE} takes SITE=KERNEL or KIND=KERNEL, got '{item}'")
-        requests[target.strip()] = kernel.strip()
-    return requests
 
 
 def requested_sites(

@@ -108,12 +108,9 @@ class Trainer(Protocol):
         """Train as one rank of ``group``: called once, before any parameter is set,
         when a run has more than one rank. ``propose`` then takes the rank's part of
         the global batch and averages the gradients across the ranks (the loss it
-        reports is the mean over the ranks). The default refuses: a trainer for one
-        device only."""
-        from sexpgpu.errors import PluginError
-
-        lowering = dict(self.choices).get("lowering", "this lowering")
-        raise PluginError(f"the lowering {lowering} cannot train on several devices; run it on one")
+        reports is the mean over the ranks). The default raises ``NotImplementedError``:
+        a trainer for one device only, which a run on several refuses before any step."""
+        raise NotImplementedError("this trainer trains on one device only")
 
     def warm_up(self) -> float | None:
         """Compile every graph a run calls (losses with their backward, updates, eval
@@ -255,6 +252,9 @@ class LoweringInfo:
     ``torchrun``) for a device (``cpu``, ``cuda``): the :class:`RankGroup`, or
     ``None`` when the process was not launched as one of several ranks. A lowering
     without it trains on one device only."""
+    unrecorded: bool = False
+    """Whether a checkpoint that records no ``lowering`` choice (one written before the
+    choice was recorded) ran on this lowering: a resume pins it then."""
     environment: Callable[[Mapping[str, str]], Mapping[str, str]] | None = None
     """The environment variables the lowering's libraries must start with to take
     these pinned choices (``OMP_NUM_THREADS`` for a thread count): ``sexpgpu run``

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from sexpgpu.catalog import Catalog
     from sexpgpu.checkpoint import Loaded
     from sexpgpu.checkpoint.loads import Loads
-    from sexpgpu.extension import Storage
+    from sexpgpu.extension import RankGroup, Storage
     from sexpgpu.graph import DataDecl, Program
 
 __all__ = [
@@ -43,6 +43,7 @@ __all__ = [
     "evaluator",
     "lower",
     "open_loader",
+    "recorded_choices",
     "state_names_for",
 ]
 
@@ -92,24 +93,23 @@ class Selection:
 @dataclass(frozen=True)
 class Target:
     """How to lower: the device, the lowering (``--lowering``), the kernels asked for
-    (``--choose``: ``{site or kind: kernel}``), other choices asked for by name with
-    the words the user used (``{"cpu.threads": "2"}``, ``{"cpu.threads": "--threads
-    2"}``), the options a front end sets such choices with (``{"cpu.threads":
-    "--threads"}``, named when ``--choose`` names one), and whether a resume chooses
-    again (``--choices fresh``)."""
+    (``--choose``: ``{site or kind: kernel}``), other choices asked for by name
+    (``{"cpu.threads": "2"}``), the options of a front end that set such choices
+    (``{"cpu.threads": "--threads"}``: how messages name a request), and whether a
+    resume chooses again (``--choices fresh``)."""
 
     device: str = "cpu"
     lowering: str | None = None
     choose: Mapping[str, str] = field(default_factory=dict)
     requests: Mapping[str, str] = field(default_factory=dict)
-    asked: Mapping[str, str] = field(default_factory=dict)
     options: Mapping[str, str] = field(default_factory=dict)
     fresh: bool = False
 
     def choices(self, program: Program | None, recorded: Mapping[str, str] | None) -> Choices:
         """The run's :class:`Choices` against a checkpoint's ``recorded`` ones (``None``
         on a fresh start); ``program`` resolves ``--choose`` targets to its sites."""
-        requested, asked = dict(self.requests), dict(self.asked)
+        requested = dict(self.requests)
+        asked = {name: self._words(name, value) for name, value in self.requests.items()}
         if self.lowering:
             requested[LOWERING_CHOICE] = self.lowering
             asked[LOWERING_CHOICE] = f"--lowering {self.lowering}"
@@ -118,6 +118,10 @@ class Target:
             requested.update(kernels)
             asked.update(words)
         return Choices.make(requested=requested, asked=asked, recorded=recorded, fresh=self.fresh)
+
+    def _words(self, name: str, value: str) -> str:
+        option = self.options.get(name)
+        return f"{option} {value}" if option else f"{name}={value}"
 
 
 @dataclass
@@ -173,6 +177,17 @@ _TRAINER_MEMBERS = sorted(
     for name in {*vars(Trainer), *getattr(Trainer, "__annotations__", {})}
     if not name.startswith("_")
 )
+
+
+def recorded_choices(experiment: Mapping[str, Any], catalog: Catalog) -> dict[str, str]:
+    """A checkpoint's recorded ``choices``, with the lowering it ran on when it is older
+    than that record (the lowering that says so: ``LoweringInfo.unrecorded``)."""
+    recorded = {str(k): str(v) for k, v in experiment.get("choices", {}).items()}
+    if LOWERING_CHOICE not in recorded:
+        ran_on = next((info.name for info in catalog.lowerings() if info.unrecorded), None)
+        if ran_on is not None:
+            recorded[LOWERING_CHOICE] = ran_on
+    return recorded
 
 
 def state_names_for(program: Program, stage: int, catalog: Catalog) -> dict[str, tuple[str, ...]]:
@@ -257,7 +272,7 @@ class Session:
                 nodes=nodes,
                 state_names=state_names_for(program, session.stage, catalog),
             )
-            recorded = experiment.get("choices", {})
+            recorded = recorded_choices(experiment, catalog)
         session.choices = target.choices(program, recorded)
         return session
 
@@ -289,6 +304,18 @@ class Session:
         """Lower the program for ``device`` with the settled choices."""
         self.lowered = lower(self.program, self.catalog, device=device, choices=self.choices)
         return self.lowered.trainer
+
+    def use_group(self, group: RankGroup) -> None:
+        """Hand the lowered trainer the ranks of a run on several devices; a trainer
+        for one device only is refused before any step."""
+        assert self.lowered is not None, "lower() first"
+        try:
+            self.lowered.trainer.use_group(group)
+        except NotImplementedError:
+            raise PluginError(
+                f"the lowering {self.lowered.lowering} cannot train on several devices; "
+                "run it on one"
+            ) from None
 
     @property
     def made(self) -> dict[str, str]:
@@ -424,7 +451,7 @@ class CheckpointOpener:
         """The recorded choices under the recorded lowering; none under another one
         (its kernels are its own, chosen afresh for this machine), with the ``choice``
         line saying the lowering moved."""
-        recorded = {str(k): str(v) for k, v in experiment.get("choices", {}).items()}
+        recorded = recorded_choices(experiment, self.catalog)
         ran_on = recorded.get(LOWERING_CHOICE, "-")
         if self.lowering is None or self.lowering == ran_on:
             return Choices(recorded=recorded), []

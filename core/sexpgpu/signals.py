@@ -20,7 +20,7 @@ even while the main thread is still inside that call (torch releases the GIL).
 
 The ``sexpgpu`` console script installs one watch first thing
 (:func:`watch_process`), before any heavy import, and keeps it until the
-process exits (:meth:`StopWatch.hold_until_exit`); ``sexpgpu.run.run`` uses that
+process exits (:meth:`StopWatch.hold_until_exit`); ``sexpgpu.train.run`` uses that
 one, or installs its own for the run's duration when called as a library.
 This module imports only the standard library, so that installing is quick.
 """

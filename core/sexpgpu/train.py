@@ -147,7 +147,7 @@ class Run:
         self.trainer = session.lower(self.group.device)
         self.compile_seconds = self.trainer.warm_up()  # a compiling lowering pays it now
         if self.group.size > 1:
-            self.trainer.use_group(self.group)
+            session.use_group(self.group)
         moved = session.moved + session.fill()
         # Data: one loader per stage, opened when the stage starts.
         self.loader, self.loader_stage = None, -1

@@ -22,9 +22,7 @@ def threads_asked(threads: int | None, *, fresh: bool = False) -> Target:
     if threads is None:
         return Target(fresh=fresh)
     return Target(
-        requests={"cpu.threads": str(threads)},
-        asked={"cpu.threads": f"--threads {threads}"},
-        fresh=fresh,
+        requests={"cpu.threads": str(threads)}, options={"cpu.threads": "--threads"}, fresh=fresh
     )
 
 
@@ -101,7 +99,7 @@ def test_environment_for_sets_only_what_the_processor_can_take(monkeypatch) -> N
 
 def test_the_environment_is_pinned_before_torch_from_the_checkpoint(monkeypatch) -> None:
     recorded = dict(RECORDED)
-    monkeypatch.setattr(environment, "recorded_choices", lambda catalog, resume, where: recorded)
+    monkeypatch.setattr(environment, "checkpoint_choices", lambda catalog, resume, where: recorded)
     for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "ATEN_CPU_CAPABILITY", "MKL_CBWR"):
         # set first, so that monkeypatch puts back what was there (or nothing) afterwards
         monkeypatch.setenv(variable, "unset")
@@ -124,8 +122,8 @@ def test_the_environment_is_pinned_before_torch_from_the_checkpoint(monkeypatch)
 
 
 def test_recorded_choices_of_a_missing_checkpoint_is_none(tmp_path) -> None:
-    assert environment.recorded_choices(project(), str(tmp_path / "nothing"), None) is None
-    assert environment.recorded_choices(project(), "latest", str(tmp_path)) is None
+    assert environment.checkpoint_choices(project(), str(tmp_path / "nothing"), None) is None
+    assert environment.checkpoint_choices(project(), "latest", str(tmp_path)) is None
 
 
 def test_the_torch_lowering_records_what_torch_runs_with() -> None:

@@ -8,7 +8,8 @@ import pytest
 from sexpgpu.errors import PluginError, UsageError
 from sexpgpu.extension import LoweringInfo, RankGroup, Trainer
 from sexpgpu.ranks import SOLO, Solo, check_batches, join_group
-from tests.catalogs import compile_file
+from sexpgpu.session import Lowered, Session
+from tests.catalogs import compile_file, project
 
 from .kit import HERE, PROGRAM
 
@@ -42,17 +43,20 @@ def test_the_global_batch_must_split_evenly_across_the_ranks():
 
 def test_a_trainer_for_one_device_is_refused_several():
     class OneDevice(Trainer):  # takes the protocol's default use_group
-        choices = {"lowering": "compiled"}
+        choices = {}
 
-    with pytest.raises(PluginError, match="the lowering compiled cannot train on several"):
-        OneDevice().use_group(Solo(size=2))
+    session = Session(project(), None, None)
+    session.lowered = Lowered(OneDevice(), "mine", {})
+    with pytest.raises(PluginError, match="^the lowering mine cannot train on several devices"):
+        session.use_group(Solo(size=2))
     taken = []
 
     class Several(OneDevice):
         def use_group(self, group):
             taken.append(group)
 
-    Several().use_group(Solo(size=2))
+    session.lowered = Lowered(Several(), "mine", {})
+    session.use_group(Solo(size=2))
     assert taken == [Solo(size=2)]
 
 

@@ -9,12 +9,13 @@ from typing import Any
 
 import pytest
 
-from sexpgpu.choices import Choices, parse_requests, requested_sites
+from sexpgpu.choices import Choices, requested_sites
 from sexpgpu.errors import CheckpointError, PluginError, Pos, UsageError
 from sexpgpu.extension import KernelInfo
 from sexpgpu.graph import ChoiceSite
 from sexpgpu.kernels import choose_kernels, recorded
 from sexpgpu.session import Target
+from sexpgpu_cli.options import parse_requests
 
 OPTIONS = {"cpu.threads": "--threads"}
 """The choices `sexpgpu run` sets with options of its own, besides --lowering."""

@@ -120,10 +120,10 @@ def run(
     log_every: str,
 ) -> None:
     """Train FILE, checkpointing to --checkpoint-dir and resuming with --resume."""
-    from sexpgpu.choices import parse_requests
     from sexpgpu.session import Selection, Target
     from sexpgpu_cli.environment import prepare_environment
     from sexpgpu_cli.launch import Worker, in_worker, launch
+    from sexpgpu_cli.options import parse_requests
     from sexpgpu_cli.reporting import LogEvery, Reporter
 
     choose = parse_requests(requests)  # a malformed one is refused before any worker starts
@@ -133,14 +133,12 @@ def run(
         sys.exit(
             launch(sys.argv[1:], devices=devices or 1, max_restarts=max_restarts, device=device)
         )
-    # --threads is the torch lowering's recorded thread count, asked for by name
-    asked = {} if threads is None else {THREADS: f"--threads {threads}"}
     target = Target(
         device=device,
         lowering=lowering or None,
         choose=choose,
-        requests={name: words.split()[1] for name, words in asked.items()},
-        asked=asked,
+        # --threads is the torch lowering's recorded thread count, asked for by name
+        requests={} if threads is None else {THREADS: str(threads)},
         options={THREADS: "--threads"},
         fresh=choices == "fresh",
     )
