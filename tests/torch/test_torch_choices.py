@@ -25,7 +25,9 @@ from tests.foundation.pluginkit import make_plugin
 
 def choose(program, *, pinned, lowering="torch", **kw):
     """The rule, with ``pinned`` choices recorded by a checkpoint."""
-    return choose(program, lowering=lowering, choices=Choices(recorded=pinned or {}), **kw)
+    return choice.choose_kernels(
+        program, lowering=lowering, choices=Choices(recorded=pinned or {}), **kw
+    )
 
 
 # The rule as the torch lowering applies it.
