@@ -41,7 +41,10 @@ def _compiled_factory() -> Any:
     return CompiledLowering()
 
 
-def cpu_environment(pins: Mapping[str, str]) -> dict[str, str]:
+# Not named after its submodule: importing sexpgpu_torch.cpu_environment sets the
+# package's attribute of that name to the module, which a descriptor built after it
+# would then take for this function.
+def starting_environment(pins: Mapping[str, str]) -> dict[str, str]:
     """``LoweringInfo.environment`` of a lowering that runs on torch: what ATen, OpenMP
     and MKL must start with to take the pinned CPU choices (imports no torch)."""
     from sexpgpu_torch.cpu_environment import environment_for
@@ -72,7 +75,7 @@ def sexpgpu_lowerings() -> list[LoweringInfo]:
             devices=("cpu", "cuda"),
             factory=_eager_factory,
             group=join_group,
-            environment=cpu_environment,
+            environment=starting_environment,
             doc="PyTorch eager execution of a compiled program (CPU, CUDA)",
             # the reference on the CPU; on CUDA the compiled lowering is the default
             default_for=("cpu",),
@@ -82,7 +85,7 @@ def sexpgpu_lowerings() -> list[LoweringInfo]:
             devices=("cuda", "cpu"),
             factory=_compiled_factory,
             group=join_group,  # the same trainer: the ranks are torch.distributed's
-            environment=cpu_environment,  # torch's own settings, as eager's are
+            environment=starting_environment,  # torch's own settings, as eager's are
             doc="torch.compile (inductor) of every graph: loss and backward, update, eval",
             default_for=("cuda",),
         ),
