@@ -84,7 +84,7 @@ def child(path: Path, which: str, count: int, elements: int) -> dict:
 def idle_peak() -> int:
     """The peak memory of a child that imports what both sides import and reads nothing."""
     code = (
-        "import resource, numpy, torch, safetensors.torch, sexpgpu.checkpoint.loads, sexpgpu_torch.lowering;"
+        "import resource, numpy, torch, safetensors.torch, sexpgpu.checkpoint.loads, sexpgpu_torch.graphs;"
         "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)"
     )
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)

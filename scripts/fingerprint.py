@@ -9,7 +9,8 @@ Run it before and after a change and compare the two JSON files:
     python scripts/fingerprint.py after.json --compare before.json
 
 Values that legitimately differ between two runs (the run's slug, which holds a
-random part, and the temporary paths) are normalised before hashing.
+random part, the time a checkpoint was written, and the temporary paths) are
+normalised before hashing.
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ def _checkpoint_files(step: Path, work: Path) -> dict[str, str]:
         if path.name == "experiment.json":
             record = json.loads(data)
             record.pop("slug", None)
+            record.pop("written", None)  # the wall-clock time it was written
             data = _normalise(json.dumps(record, sort_keys=True), work).encode()
         out[path.name] = _sha(data)
     return out

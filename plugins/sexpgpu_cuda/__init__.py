@@ -1,13 +1,13 @@
-"""The compiled lowering: every graph of a program through ``torch.compile`` (inductor).
+"""The CUDA plugin: the kernels that run on CUDA only, for the compiled lowering.
 
-It serves ``cuda``, where it is the default, and ``cpu`` when a run asks for it
-(``sexpgpu run --lowering compiled``), so that everything but the CUDA kernels is
-tested on machines without a GPU. It reuses the eager torch lowering's op table,
-trainer and optimizers (:mod:`sexpgpu_torch`); what it adds is tracing and
-compiling, the CUDA kernel choices (attention backends, convolution engines,
-TF32), the CUDA determinism switches, and a checkpoint snapshot into pinned host
-buffers on a side stream. Importing this module stays cheap: torch is imported by
-the factories only. See docs/cuda.md.
+Attention through one SDPA backend each (``flash``, ``cudnn``, ``efficient``,
+``sdpa-math``) and convolution through cuDNN's engines (``cudnn``,
+``cudnn-benchmark``). The lowering that calls them, ``compiled``, is the torch
+plugin's (:mod:`sexpgpu_torch`), as are what it sets on a CUDA machine (the
+determinism and TF32 switches, which of these kernels this GPU can run, the cuDNN
+engine of the chosen convolutions) and the pinned checkpoint snapshots; this plugin
+builds on it. Importing this module stays cheap: torch is imported by the factories
+only. See docs/cuda.md.
 """
 
 from __future__ import annotations
@@ -15,41 +15,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from sexpgpu.extension import KernelInfo, LoweringInfo, module_missing
+from sexpgpu.extension import KernelInfo, module_missing
 from sexpgpu.hookspecs import hookimpl
-from sexpgpu_torch import join_group, torch_environment
-
-LOWERING = "compiled"
-"""The lowering's name: ``--lowering compiled``, ``KernelInfo.lowering`` of its kernels,
-and the value of the recorded choice ``lowering``."""
-
-
-def _lowering_factory() -> Any:
-    from sexpgpu_cuda.trainer import CompiledLowering
-
-    return CompiledLowering()
+from sexpgpu_torch.names import COMPILED
 
 
 @hookimpl
 def sexpgpu_unavailable() -> str | None:
     """Unavailable without torch (looked up, not imported)."""
     return module_missing("torch", "pip install torch (see https://pytorch.org for CUDA builds)")
-
-
-@hookimpl
-def sexpgpu_lowerings() -> list[LoweringInfo]:
-    """The compiled lowering: the default on ``cuda``, asked for by name on ``cpu``."""
-    return [
-        LoweringInfo(
-            name=LOWERING,
-            devices=("cuda", "cpu"),
-            factory=_lowering_factory,
-            group=join_group,  # the ranks are torch.distributed's, as eager's are
-            environment=torch_environment,  # torch's own settings, as eager's are
-            doc="torch.compile (inductor) of every graph: loss and backward, update, eval",
-            default_for=("cuda",),
-        )
-    ]
 
 
 def _kernel(name: str) -> Callable[[], Callable[..., Any]]:
@@ -61,9 +35,9 @@ def _kernel(name: str) -> Callable[[], Callable[..., Any]]:
     return factory
 
 
-# (kind, name, function, deterministic, priority, doc): this lowering's own kernels.
-# Beside them it calls every kernel of the eager torch lowering (math, sdpa, direct,
-# unrolled, looped), which run under a trace as they run eagerly.
+# (kind, name, function, deterministic, priority, doc): the compiled lowering's CUDA
+# kernels. Beside them it calls every kernel of the eager torch lowering (math, sdpa,
+# direct, unrolled, looped), which run under a trace as they run eagerly.
 _KERNELS = (
     # torch's flash backward takes its deterministic path when the determinism switch
     # is on, which a deterministic run sets
@@ -87,30 +61,18 @@ _KERNELS = (
         20,
         "cuDNN, algorithms chosen by benchmarking each shape",
     ),
-    (
-        "stack",
-        "recompute",
-        "stack_recompute",
-        True,
-        -10,
-        "a repeat whose iterations recompute their activations in the backward pass "
-        "(activation checkpointing): the recompute budget, per repeat",
-    ),
 )
-
-_ANY_DEVICE = ("stack",)
-"""Kinds whose kernels here run on the CPU as well (nothing CUDA-specific in them)."""
 
 
 @hookimpl
 def sexpgpu_kernels() -> list[KernelInfo]:
-    """CUDA attention backends, cuDNN convolution engines, and recomputing stacks."""
+    """CUDA attention backends and cuDNN convolution engines."""
     return [
         KernelInfo(
             kind=kind,
             name=name,
-            lowering=LOWERING,
-            devices=("cuda", "cpu") if kind in _ANY_DEVICE else ("cuda",),
+            lowering=COMPILED,
+            devices=("cuda",),
             deterministic=deterministic,
             factory=_kernel(function),
             priority=priority,

@@ -1,26 +1,22 @@
-"""The compiled lowering's own kernels, each following its kind's call contract in the
-core (:data:`sexpgpu.extension.KERNEL_CALLS`).
+"""The CUDA-only kernels of the compiled lowering, each following its kind's call
+contract in the core (:data:`sexpgpu.extension.KERNEL_CALLS`).
 
 The attention kernels are SDPA restricted to one backend, so the recorded name says
 which kernel ran (the eager ``sdpa`` kernel lets torch pick per call). The
 convolution engines are cuDNN's; which algorithms it may take is process-wide state
 (``torch.backends.cudnn``), set by the lowering from the chosen engine
-(:func:`sexpgpu_cuda.device.take_conv_engine`), so the kernels themselves only call
+(:func:`sexpgpu_torch.cuda.take_conv_engine`), so the kernels themselves only call
 the convolution.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.utils.checkpoint import checkpoint
 
-from sexpgpu.extension import AttentionKernel, Conv2dKernel, StackBody, StackKernel
+from sexpgpu.extension import AttentionKernel, Conv2dKernel
 from sexpgpu_torch.kernels import conv2d_direct
-from sexpgpu_torch.lowering import Slots
 
 Tensor = torch.Tensor
 
@@ -56,25 +52,6 @@ conv2d_cudnn: Conv2dKernel = conv2d_direct
 conv2d_cudnn_benchmark: Conv2dKernel = conv2d_direct
 
 
-# Under torch.compile the checkpoint is traced as one region whose forward the
-# backward graph computes again; the body keeps the iteration it runs in its own
-# values (sexpgpu_torch.lowering), since a region may not write outside itself.
-def stack_recompute(
-    body: StackBody, carry: Tensor, per_iteration_slots: Sequence[Sequence[Tensor]]
-) -> Tensor:
-    """Each iteration under activation checkpointing: its activations are dropped after
-    the forward pass and computed again in the backward pass (memory for compute).
-    Dropout draws the same masks both times (they derive from the step and iteration)."""
-    for slots in per_iteration_slots:
-        iteration = getattr(slots, "iteration", 0)
-
-        def one(c: Tensor, *tensors: Tensor, iteration: int = iteration) -> Tensor:
-            return body(c, Slots(tensors, iteration))
-
-        carry = checkpoint(one, carry, *slots, use_reentrant=False)
-    return carry
-
-
 # Through these a type checker holds each kernel to its kind's contract.
 _ATTENTION: tuple[AttentionKernel, ...] = (
     attention_flash,
@@ -82,4 +59,4 @@ _ATTENTION: tuple[AttentionKernel, ...] = (
     attention_efficient,
     attention_sdpa_math,
 )
-_STACK: tuple[StackKernel, ...] = (stack_recompute,)
+_CONV2D: tuple[Conv2dKernel, ...] = (conv2d_cudnn, conv2d_cudnn_benchmark)

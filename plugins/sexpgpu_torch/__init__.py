@@ -1,8 +1,22 @@
-"""The torch plugin: the CPU/CUDA lowering, its kernels, and the optimizers.
+"""The torch plugin: PyTorch's two lowerings, its kernels, and the optimizers.
+
+- The lowerings ``torch`` (eager; the default on ``cpu``) and ``compiled``
+  (``torch.compile``, inductor; the default on ``cuda``, and asked for by name on
+  ``cpu``): one trainer, two strategies (:mod:`sexpgpu_torch.lowering`, docs/cuda.md).
+- The kernels for either device: attention ``math``/``sdpa``, stacks
+  ``unrolled``/``looped``, conv2d ``direct`` (the eager lowering's, which the
+  compiled one calls too), and the compiled lowering's ``recompute`` stack.
+- The optimizers sgd, adam and adamw, and the torch implementation of every
+  built-in op.
+- What the lowerings take on the machine: the CPU's summation-order choices
+  (``cpu.*``, ``torch.version``), the CUDA switches (``cuda.*``), pinned snapshots.
+
+The CUDA-only kernels (SDPA backends, cuDNN engines) are the ``cuda`` plugin's
+(``sexpgpu_cuda``), which builds on this one.
 
 Importing this module must stay cheap: torch is imported by the factories only
-(the submodules ``lowering``, ``kernels`` and ``optim`` import it at their top
-and are imported here only inside factories).
+(every submodule but ``names``, ``cpu_environment`` and ``rng`` imports it at its
+top, and is imported here only inside factories).
 """
 
 from __future__ import annotations
@@ -12,18 +26,25 @@ from typing import Any
 
 from sexpgpu.extension import KernelInfo, LoweringInfo, OptimizerInfo, module_missing
 from sexpgpu.hookspecs import hookimpl
-
-LOWERING = "torch"
-"""The name kernels use in ``KernelInfo.lowering`` to be callable by this lowering."""
+from sexpgpu_torch.names import COMPILED, LOWERING
 
 
-def _lowering_factory() -> Any:
-    from sexpgpu_torch.trainer import TorchLowering
+def _eager_factory() -> Any:
+    from sexpgpu_torch.lowering import EagerLowering
 
-    return TorchLowering()
+    return EagerLowering()
 
 
-def torch_environment(pins: Mapping[str, str]) -> dict[str, str]:
+def _compiled_factory() -> Any:
+    from sexpgpu_torch.lowering import CompiledLowering
+
+    return CompiledLowering()
+
+
+# Not named after its submodule: importing sexpgpu_torch.cpu_environment sets the
+# package's attribute of that name to the module, which a descriptor built after it
+# would then take for this function.
+def starting_environment(pins: Mapping[str, str]) -> dict[str, str]:
     """``LoweringInfo.environment`` of a lowering that runs on torch: what ATen, OpenMP
     and MKL must start with to take the pinned CPU choices (imports no torch)."""
     from sexpgpu_torch.cpu_environment import environment_for
@@ -32,8 +53,8 @@ def torch_environment(pins: Mapping[str, str]) -> dict[str, str]:
 
 
 def join_group(device: str) -> Any:
-    """``LoweringInfo.group`` of a lowering whose trainer is this plugin's (or built on
-    it): the ranks torch.distributed joins from the launcher's environment."""
+    """``LoweringInfo.group`` of a lowering whose trainer is this plugin's: the ranks
+    torch.distributed joins from the launcher's environment."""
     from sexpgpu_torch.distributed import join
 
     return join(device)
@@ -47,18 +68,29 @@ def sexpgpu_unavailable() -> str | None:
 
 @hookimpl
 def sexpgpu_lowerings() -> list[LoweringInfo]:
-    """The torch lowering, for ``cpu`` and ``cuda``."""
+    """The eager and the compiled lowering, each for ``cpu`` and ``cuda``."""
     return [
         LoweringInfo(
             name=LOWERING,
             devices=("cpu", "cuda"),
-            factory=_lowering_factory,
+            factory=_eager_factory,
             group=join_group,
-            environment=torch_environment,
+            environment=starting_environment,
             doc="PyTorch eager execution of a compiled program (CPU, CUDA)",
             # the reference on the CPU; on CUDA the compiled lowering is the default
             default_for=("cpu",),
-        )
+            # the only lowering there was before a checkpoint recorded its lowering
+            unrecorded=True,
+        ),
+        LoweringInfo(
+            name=COMPILED,
+            devices=("cuda", "cpu"),
+            factory=_compiled_factory,
+            group=join_group,  # the same trainer: the ranks are torch.distributed's
+            environment=starting_environment,  # torch's own settings, as eager's are
+            doc="torch.compile (inductor) of every graph: loss and backward, update, eval",
+            default_for=("cuda",),
+        ),
     ]
 
 
@@ -73,7 +105,8 @@ def _kernel(name: str) -> Callable[[], Callable[..., Any]]:
 
 @hookimpl
 def sexpgpu_kernels() -> list[KernelInfo]:
-    """The built-in kernels; each kind's call contract is in :data:`sexpgpu.extension.KERNEL_CALLS`."""
+    """The kernels for either device; each kind's call contract is in
+    :data:`sexpgpu.extension.KERNEL_CALLS`."""
     return [
         KernelInfo(
             kind="attention",
@@ -129,6 +162,18 @@ def sexpgpu_kernels() -> list[KernelInfo]:
             factory=_kernel("conv2d_direct"),
             priority=0,
             doc="torch.nn.functional.conv2d",
+        ),
+        KernelInfo(
+            kind="stack",
+            name="recompute",
+            lowering=COMPILED,
+            # nothing CUDA-specific in it: it runs on the CPU as well
+            devices=("cuda", "cpu"),
+            deterministic=True,
+            factory=_kernel("stack_recompute"),
+            priority=-10,
+            doc="a repeat whose iterations recompute their activations in the backward pass "
+            "(activation checkpointing): the recompute budget, per repeat",
         ),
     ]
 

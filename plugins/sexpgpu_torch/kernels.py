@@ -1,9 +1,12 @@
-"""The built-in kernels of the torch lowering.
+"""The torch plugin's kernels, for either device.
 
 Each follows its kind's call contract in the core (:data:`sexpgpu.extension.KERNEL_CALLS`:
 :class:`~sexpgpu.extension.AttentionKernel`, :class:`~sexpgpu.extension.Conv2dKernel`,
 :class:`~sexpgpu.extension.StackKernel`), with ``torch.Tensor`` as the tensor type;
-a third-party kernel for ``lowering="torch"`` follows the same contracts.
+a third-party kernel for ``lowering="torch"`` follows the same contracts. Every
+kernel here but ``recompute`` is the eager lowering's, which the compiled lowering
+calls too; ``recompute`` is the compiled lowering's own (its descriptors are in
+:mod:`sexpgpu_torch`). The CUDA-only kernels are the ``cuda`` plugin's.
 """
 
 from __future__ import annotations
@@ -13,8 +16,10 @@ from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from sexpgpu.extension import AttentionKernel, Conv2dKernel, StackBody, StackKernel
+from sexpgpu_torch.graphs import Slots
 
 Tensor = torch.Tensor
 
@@ -80,7 +85,26 @@ def stack_unrolled(
     return carry
 
 
+# Under torch.compile the checkpoint is traced as one region whose forward the
+# backward graph computes again; the body keeps the iteration it runs in its own
+# values (sexpgpu_torch.graphs), since a region may not write outside itself.
+def stack_recompute(
+    body: StackBody, carry: Tensor, per_iteration_slots: Sequence[Sequence[Tensor]]
+) -> Tensor:
+    """Each iteration under activation checkpointing: its activations are dropped after
+    the forward pass and computed again in the backward pass (memory for compute).
+    Dropout draws the same masks both times (they derive from the step and iteration)."""
+    for slots in per_iteration_slots:
+        iteration = getattr(slots, "iteration", 0)
+
+        def one(c: Tensor, *tensors: Tensor, iteration: int = iteration) -> Tensor:
+            return body(c, Slots(tensors, iteration))
+
+        carry = checkpoint(one, carry, *slots, use_reentrant=False)
+    return carry
+
+
 # Through these a type checker holds each built-in kernel to its kind's contract.
 _ATTENTION: tuple[AttentionKernel, ...] = (attention_math, attention_sdpa)
 _CONV2D: tuple[Conv2dKernel, ...] = (conv2d_direct,)
-_STACK: tuple[StackKernel, ...] = (stack_looped, stack_unrolled)
+_STACK: tuple[StackKernel, ...] = (stack_looped, stack_unrolled, stack_recompute)

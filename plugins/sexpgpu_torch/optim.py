@@ -89,14 +89,14 @@ class SGD(Update):
             torch._foreach_add_(buf, g)
             new_states["momentum"] = buf
             g = torch._foreach_add(g, buf, alpha=momentum) if nesterov else buf
-        new = torch._foreach_add(p32, g, alpha=_scalar(-lr))
+        new = torch._foreach_add(p32, g, alpha=f32_scalar(-lr))
         return _back(new, params), new_states
 
 
 _F32_MAX = 3.4028234663852886e38
 
 
-def _scalar(value: float) -> float:
+def f32_scalar(value: float) -> float:
     """``value`` as the f32 kernels take it: a finite value beyond f32's range becomes
     infinite (as f32 arithmetic would make it) instead of failing the conversion, so a
     huge learning rate proposes infinite values that the finite guard can refuse."""
@@ -134,11 +134,11 @@ class Adam(Update):
             # Decoupled decay first, as torch.optim.AdamW does, on the decaying
             # parameters only (times 1.0, bit for bit unchanged, for the others);
             # the product is a fresh tensor, so the step can go into it in place.
-            shrink = _scalar(1 - lr * wd)
+            shrink = f32_scalar(1 - lr * wd)
             new = torch._foreach_mul(p32, [shrink if d else 1.0 for d in decay])
-            torch._foreach_addcdiv_(new, m, denom, value=_scalar(-step_size))
+            torch._foreach_addcdiv_(new, m, denom, value=f32_scalar(-step_size))
         else:
-            new = torch._foreach_addcdiv(p32, m, denom, value=_scalar(-step_size))
+            new = torch._foreach_addcdiv(p32, m, denom, value=f32_scalar(-step_size))
         return _back(new, params), {"m": m, "v": v}
 
 

@@ -1,7 +1,10 @@
-"""The torch lowering's trainer: parameters, optimizer states, steps, export and restore.
+"""The torch plugin's trainer: parameters, optimizer states, steps, export and restore.
 
-:class:`TorchLowering` chooses a kernel per choice site and builds a
-:class:`TorchTrainer`, whose graphs :mod:`sexpgpu_torch.lowering` compiles.
+One :class:`TorchTrainer` serves both of the plugin's lowerings
+(:mod:`sexpgpu_torch.lowering`). Its graphs are compiled into closures by
+:mod:`sexpgpu_torch.graphs`; the :class:`~sexpgpu_torch.strategy.Strategy` it is built
+with decides how they run: as they are (``torch``) or through ``torch.compile``
+(``compiled``).
 
 Optimizer states belong to a *state group*: a run of consecutive stages whose
 optimizer has the same name and the same options other than ``lr``. Entering a
@@ -13,7 +16,6 @@ needs no saved counter and survives a resume.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,71 +23,26 @@ from typing import Any
 import numpy as np
 import torch
 
-from sexpgpu.choices import Choices
 from sexpgpu.errors import CheckpointError, PluginError, RunError
-from sexpgpu.extension import KernelInfo, OpInfo, OptimizerInfo, Supplies, Trainer
-from sexpgpu.graph import ParamDecl, Program
-from sexpgpu.kernels import choose_kernels, device_kind, recorded
-from sexpgpu_torch.cpu import take as take_cpu_choices
-from sexpgpu_torch.lowering import LOWERING, TORCH_DTYPES, Ctx, Tensor, compile_graph
+from sexpgpu.extension import KernelInfo, OpInfo, OptimizerInfo, OptimizerUpdate, Trainer
+from sexpgpu.graph import Graph, ParamDecl, Program
+from sexpgpu.kernels import recorded
+from sexpgpu_torch.dtypes import TORCH_DTYPES
+from sexpgpu_torch.graphs import compile_graph
+from sexpgpu_torch.initializers import init_tensor
 from sexpgpu_torch.optim import clip_by_global_norm
 from sexpgpu_torch.rng import derive_seed
+from sexpgpu_torch.strategy import GraphFn, Strategy
 
-# ---------------------------------------------------------------- initialisation
+Tensor = torch.Tensor
 
-
-def _fans(shape: tuple[int, ...]) -> tuple[int, int]:
-    # Our matrices are used as `x @ W`, so a 2-D [in, out] parameter has fan-in
-    # shape[0]; higher ranks follow the conv layout [out, in, k...].
-    if len(shape) == 0:
-        return 1, 1
-    if len(shape) == 1:
-        return shape[0], shape[0]
-    if len(shape) == 2:
-        return shape[0], shape[1]
-    receptive = int(np.prod(shape[2:]))
-    return shape[1] * receptive, shape[0] * receptive
-
-
-def init_tensor(decl: ParamDecl, seed: int) -> Tensor:
-    """``decl``'s initial value as an f32 CPU tensor drawn from ``(seed, "init", path)``.
-
-    ``normal(std)``, ``uniform(low, high)``, ``zeros``, ``ones``,
-    ``xavier(gain=1)`` (uniform, bound ``gain*sqrt(6/(fan_in+fan_out))``) and
-    ``kaiming(gain=sqrt(2))`` (normal, std ``gain/sqrt(fan_in)``).
-    """
-    shape = tuple(decl.type.shape)
-    kind, args = decl.init.kind, tuple(decl.init.args)
-    gen = torch.Generator(device="cpu")
-    gen.manual_seed(derive_seed(seed, "init", decl.path))
-    if kind == "zeros":
-        return torch.zeros(shape)
-    if kind == "ones":
-        return torch.ones(shape)
-    if kind == "normal":
-        std = args[0] if args else 1.0
-        mean = args[1] if len(args) > 1 else 0.0
-        return torch.randn(shape, generator=gen) * std + mean
-    if kind == "uniform":
-        if len(args) >= 2:
-            low, high = args[0], args[1]
-        elif args:
-            low, high = -args[0], args[0]
-        else:
-            low, high = 0.0, 1.0
-        return torch.rand(shape, generator=gen) * (high - low) + low
-    fan_in, fan_out = _fans(shape)
-    if kind == "xavier":
-        gain = args[0] if args else 1.0
-        bound = gain * (6.0 / (fan_in + fan_out)) ** 0.5
-        return (torch.rand(shape, generator=gen) * 2 - 1) * bound
-    if kind == "kaiming":
-        gain = args[0] if args else 2.0**0.5
-        return torch.randn(shape, generator=gen) * (gain / fan_in**0.5)
-    raise RunError(f"unknown initializer '{kind}' for {decl.path}", pos=decl.pos)
-
-
-# ---------------------------------------------------------------- the trainer
+_STAND_IN_DTYPES: dict[str, Any] = {
+    "f32": np.float32,
+    "bf16": np.float32,
+    "i64": np.int64,
+    "bool": np.bool_,
+}
+"""The host dtype of a stand-in batch field, by IR dtype (a batch holds no bf16)."""
 
 
 @dataclass
@@ -101,10 +58,15 @@ class Proposal:
 
     @property
     def loss(self) -> float:
-        """The step's loss (one host sync, on first use)."""
+        """The step's loss (one host sync, on first use, unless it was read already)."""
         if self._loss is None:
             self._loss = float(self.loss_tensor)
         return self._loss
+
+    def keep_loss(self, value: float) -> None:
+        """Keep ``value``, the loss read already (in one transfer with something else),
+        as the step's loss: reading ``loss`` then costs no host sync."""
+        self._loss = value
 
 
 def _group_key(stage: Any) -> tuple:
@@ -113,11 +75,30 @@ def _group_key(stage: Any) -> tuple:
     return (opt.name, options)
 
 
-class TorchTrainer(Trainer):
-    """The :class:`sexpgpu.extension.Trainer` of the torch lowering."""
+def _state_groups(program: Program) -> tuple[list[int], list[int]]:
+    """Per stage: its state group (the index of the group's first stage) and the
+    number of steps before that group (see the module docstring)."""
+    group: list[int] = []
+    group_start: list[int] = []
+    start = 0
+    for i, s in enumerate(program.stages):
+        if i > 0 and _group_key(s) == _group_key(program.stages[i - 1]):
+            group.append(group[-1])
+            group_start.append(group_start[-1])
+        else:
+            group.append(i)
+            group_start.append(start)
+        start += s.steps
+    return group, group_start
 
-    ctx_type: type[Ctx] = Ctx
-    """What graphs read besides their values (a subclass may keep parts out of traces)."""
+
+class TorchTrainer(Trainer):
+    """The :class:`sexpgpu.extension.Trainer` of both torch lowerings: ``strategy``
+    decides how its graphs and updates run (:mod:`sexpgpu_torch.strategy`).
+
+    ``chosen`` is the kernel of each choice site, ``made`` the lowering's other
+    choices to record after them (``cpu.*``, ``cuda.*``...).
+    """
 
     def __init__(
         self,
@@ -127,23 +108,28 @@ class TorchTrainer(Trainer):
         chosen: Mapping[str, KernelInfo],
         optimizers: Mapping[str, OptimizerInfo],
         ops: Sequence[OpInfo] = (),
+        strategy: Strategy,
+        made: Mapping[str, str] | None = None,
     ) -> None:
         self.program = program
         self.device = torch.device(device)
-        self.choices: dict[str, str] = recorded(chosen)
-        self.ctx = self.ctx_type(program.run.seed, self.device)
-        self.autocast = program.run.precision == "bf16" and self.device.type == "cuda"
+        self.strategy = strategy
+        self.choices: dict[str, str] = {**recorded(chosen), **(made or {})}
+        self.reads_loss_late = strategy.reads_loss_late
+        self.ctx = strategy.context(program.run.seed, self.device)
+        self.autocast = strategy.autocasts(program.run.precision, self.device)
         fns = {site: k.factory() for site, k in chosen.items()}
         inline = frozenset(site for site, k in chosen.items() if k.inline)
         self.decls = list(program.params)
         self.trainable = [d.path for d in self.decls if d.trainable]
         self._export_buffers: dict[tuple, dict[str, np.ndarray]] = {}
 
+        def graph(g: Graph) -> GraphFn:
+            return compile_graph(g, self.ctx, fns, self.device, inline, ops)
+
         # Stages: compiled loss, optimizer update, state group.
-        self.stage_loss = [
-            compile_graph(s.loss, self.ctx, fns, self.device, inline, ops) for s in program.stages
-        ]
-        self.updates = []
+        self.stage_loss = [strategy.stage_loss(graph(s.loss), self.ctx) for s in program.stages]
+        self.updates: list[tuple[OptimizerUpdate, dict[str, Any]]] = []
         self.state_names: list[tuple[str, ...]] = []
         for s in program.stages:
             info = optimizers.get(s.optimizer.name)
@@ -153,27 +139,14 @@ class TorchTrainer(Trainer):
                     pos=s.optimizer.pos,
                 )
             options = {**info.options, **s.optimizer.options}
-            self.updates.append((info.factory(), options))
+            self.updates.append((strategy.update(info.factory()), options))
             self.state_names.append(tuple(info.state_names(options)))
-        self.group: list[int] = []
-        self.group_start: list[int] = []
-        start = 0
-        for i, s in enumerate(program.stages):
-            if i > 0 and _group_key(s) == _group_key(program.stages[i - 1]):
-                self.group.append(self.group[-1])
-                self.group_start.append(self.group_start[-1])
-            else:
-                self.group.append(i)
-                self.group_start.append(start)
-            start += s.steps
+        self.group, self.group_start = _state_groups(program)
         self.decay: list[list[bool]] = []
         for _, options in self.updates:
             skip = set(options.get("no_decay_tags", ()) or ())
             self.decay.append([not (skip & set(d.tags)) for d in self.decls if d.trainable])
-        self.evals = {
-            e.name: (e, compile_graph(e.graph, self.ctx, fns, self.device, inline, ops))
-            for e in program.evals
-        }
+        self.evals = {e.name: (e, strategy.evaluation(graph(e.graph))) for e in program.evals}
         self.fields = [
             {name: TORCH_DTYPES[t.dtype] for name, t in s.data.fields.items()}
             for s in program.stages
@@ -184,6 +157,33 @@ class TorchTrainer(Trainer):
         self.states: dict[str, list[Tensor]] = {}
         self.current_group: int | None = None
         self.ranks: Any = None  # the TorchGroup of a data-parallel run (use_group)
+
+    def warm_up(self) -> float | None:
+        """Compile every stage's loss, backward and update, and every eval pass, now, as
+        the strategy compiles them (the compiled one: on zero stand-ins of the program's
+        tensors; nothing of the run changes); the seconds taken, or ``None`` when
+        nothing compiles. The run calls it once, before any parameter is set."""
+        return self.strategy.warm_up(self._run_every_graph_on_stand_ins, self.device)
+
+    def _run_every_graph_on_stand_ins(self) -> None:
+        """One step of each stage and one batch of each eval pass on zeros (valid ids
+        for every table, the shapes the run will feed); no parameter or state is left."""
+        for decl in self.decls:
+            t = torch.zeros(
+                decl.type.shape, dtype=TORCH_DTYPES[decl.type.dtype], device=self.device
+            )
+            self.params[decl.path] = t.requires_grad_(decl.trainable)
+        try:
+            for stage, decl in enumerate(self.program.stages):
+                batch = _zeros(decl.data.fields)
+                first = self.group_start[stage] + 1
+                self.propose(batch, stage=stage, step=first, lr=1e-3)
+            for eval_pass in self.program.evals:
+                self.evaluate(eval_pass.name, _zeros(eval_pass.data.fields))
+        finally:
+            self.params.clear()
+            self.states = {}
+            self.current_group = None
 
     def use_group(self, group: Any) -> None:
         """Train as one rank of ``group`` (a :class:`sexpgpu_torch.distributed.TorchGroup`):
@@ -298,10 +298,11 @@ class TorchTrainer(Trainer):
         return Proposal(stage, group, loss, new_params, new_states)
 
     def find_non_finite(self, proposal: Proposal) -> tuple[str, str, int] | None:
-        """One fused check over every proposed tensor, one host sync; the first offender
-        (in parameter order, each parameter before its states) only when it trips."""
+        """One fused check over every proposed tensor, one host sync (the compiled
+        strategy reads the step's loss in the same transfer); the first offender (in
+        parameter order, each parameter before its states) only when it trips."""
         found = self.non_finite_flag(proposal)
-        if found is None or not float(found):
+        if found is None or not self.strategy.read_flag(found, proposal):
             return None
         return self.first_non_finite(proposal)
 
@@ -378,16 +379,10 @@ class TorchTrainer(Trainer):
             if arrays is None:
                 arrays = layout_tensors(specs)
                 self._export_buffers[key] = arrays
-            self.copy_to_host(arrays, tensors)
+            self.strategy.copy_to_host(arrays, tensors)
             return arrays
 
         return copy_out(sources), copy_out(state_sources)
-
-    def copy_to_host(self, arrays: Mapping[str, np.ndarray], tensors: Mapping[str, Tensor]) -> None:
-        """Copy each of ``tensors`` into the host array of its name; done on return.
-        (A lowering for a device with streams may override it to copy asynchronously.)"""
-        for name, t in tensors.items():
-            torch.from_numpy(arrays[name]).copy_(t.detach())
 
     def restore(
         self, params: Mapping[str, np.ndarray], states: Mapping[str, np.ndarray], *, stage: int
@@ -448,40 +443,9 @@ class TorchTrainer(Trainer):
         return dict(zip(decl.metrics, values, strict=True))
 
 
-class TorchLowering:
-    """The :class:`sexpgpu.extension.Lowering` for PyTorch on ``cpu`` and ``cuda``."""
-
-    def lower(
-        self, program: Program, *, device: str, supplies: Supplies, choices: Choices
-    ) -> TorchTrainer:
-        """Choose a kernel per site, compile every graph, and build the trainer."""
-        kind = device_kind(device)
-        if kind not in ("cpu", "cuda"):
-            raise PluginError(f"the torch lowering cannot run on '{device}' (cpu or cuda)")
-        if kind == "cuda" and not torch.cuda.is_available():
-            raise PluginError(f"--device {device}: torch sees no CUDA device here")
-        if program.run.deterministic:
-            # cuBLAS needs a fixed workspace to be deterministic; set before CUDA starts.
-            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-            if kind == "cuda":
-                # Makes the ops with a nondeterministic CUDA default (embedding and
-                # index backward) take their deterministic path; warn_only keeps an
-                # op without one usable rather than failing the run. The CPU ops we
-                # use are deterministic already, so the CPU path is left alone.
-                torch.use_deterministic_algorithms(True, warn_only=True)
-                torch.backends.cudnn.benchmark = False
-                torch.backends.cudnn.deterministic = True
-        chosen = choose_kernels(
-            program, lowering=LOWERING, device=device, kernels=supplies.kernels, choices=choices
-        )
-        # Before any graph is built: the sums are the pinned threads' from the start.
-        cpu_choices = take_cpu_choices(choices.pins(), device)
-        trainer = TorchTrainer(
-            program,
-            device=device,
-            chosen=chosen,
-            optimizers=supplies.optimizers,
-            ops=supplies.ops,
-        )
-        trainer.choices.update(cpu_choices)
-        return trainer
+def _zeros(fields: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    # a batch of zeros: valid ids for every table, and the shapes the run will feed
+    return {
+        name: np.zeros(t.shape, dtype=_STAND_IN_DTYPES.get(t.dtype, np.float32))
+        for name, t in fields.items()
+    }

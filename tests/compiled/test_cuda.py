@@ -63,7 +63,7 @@ def test_bf16_training_on_cuda_resumes_to_the_bit(tmp_path: Path, compiled_env) 
 
 def test_a_snapshot_copies_into_pinned_reused_buffers() -> None:
     from sexpgpu.checkpoint import layout_tensors
-    from sexpgpu_cuda.device import PinnedSnapshots
+    from sexpgpu_torch.cuda import PinnedSnapshots
 
     tensors = {
         "a": torch.randn(64, 32, device="cuda"),

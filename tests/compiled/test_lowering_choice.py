@@ -1,7 +1,11 @@
 """Which lowering a run takes, as units (no torch): by name, pinned by a checkpoint,
-or the device kind's default; and what two lowerings conflict on."""
+or the device kind's default; what two lowerings conflict on; and which plugin
+supplies the built-in lowerings and CUDA kernels, as `sexpgpu plugins` lists them."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import pytest
 
@@ -11,6 +15,7 @@ from sexpgpu.extension import LoweringInfo
 from sexpgpu.kernels import choose_lowering
 from sexpgpu.plugin_supplies import defaults_of, find_conflicts
 from sexpgpu_cli.describing import describe
+from tests.e2e.helpers import run_sexpgpu
 
 HOOK = "sexpgpu_lowerings"
 
@@ -95,3 +100,30 @@ def test_an_unknown_or_unfit_requested_lowering_is_a_plugin_error() -> None:
     cuda_only = _lowering("graphs", ("cuda",))
     with pytest.raises(PluginError, match="does not run on cpu"):
         _choose([cuda_only], device="cpu", requested="graphs", pinned=None)
+
+
+def test_the_torch_plugin_supplies_both_lowerings_and_the_cuda_plugin_cuda_kernels_only(
+    tmp_path: Path,
+) -> None:
+    done = run_sexpgpu("plugins", "--json", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    supplies = {entry["name"]: entry["supplies"] for entry in json.loads(done.stdout)}
+    lowerings = {info["name"]: info["default_for"] for info in supplies["torch"]["lowerings"]}
+    assert lowerings == {"torch": ["cpu"], "compiled": ["cuda"]}
+    compiled_own = [k for k in supplies["torch"]["kernels"] if k["lowering"] == "compiled"]
+    assert [(k["kind"], k["name"], k["devices"]) for k in compiled_own] == [
+        ("stack", "recompute", ["cuda", "cpu"])
+    ]
+    assert list(supplies["cuda"]) == ["kernels"]
+    assert {(k["kind"], k["name"]) for k in supplies["cuda"]["kernels"]} == {
+        ("attention", "flash"),
+        ("attention", "cudnn"),
+        ("attention", "efficient"),
+        ("attention", "sdpa-math"),
+        ("conv2d", "cudnn"),
+        ("conv2d", "cudnn-benchmark"),
+    }
+    assert all(
+        k["lowering"] == "compiled" and k["devices"] == ["cuda"]
+        for k in supplies["cuda"]["kernels"]
+    )

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch_build import G
 
 from sexpgpu_torch import kernels as K
-from sexpgpu_torch.lowering import Ctx, compile_graph
+from sexpgpu_torch.graphs import Ctx, compile_graph
 
 CPU = torch.device("cpu")
 

@@ -1,4 +1,5 @@
-"""The built-in optimizers' updates as one compiled graph each.
+"""The built-in optimizers' updates as one compiled graph each (the compiled
+strategy's, :mod:`sexpgpu_torch.compiled`).
 
 The eager updates (:mod:`sexpgpu_torch.optim`) hand their per-step numbers (the
 learning rate, Adam's bias corrections) to ``torch._foreach_*`` ops as Python
@@ -19,7 +20,7 @@ from typing import Any
 
 import torch
 
-from sexpgpu_torch import optim as eager
+import sexpgpu_torch.optim as eager
 
 Tensor = torch.Tensor
 
@@ -27,7 +28,7 @@ Tensor = torch.Tensor
 def _host(value: float) -> Tensor:
     # computed in double on the host, then f32 as the eager foreach kernels take a
     # Python scalar; a 0-d CPU tensor, which a CUDA graph reads as a kernel argument
-    return torch.tensor(eager._scalar(value), dtype=torch.float32)
+    return torch.tensor(eager.f32_scalar(value), dtype=torch.float32)
 
 
 def _back(new: Tensor, like: Tensor) -> Tensor:
@@ -104,7 +105,8 @@ _COMPILED: dict[type, tuple[Callable[..., Callable[..., Any]], Callable[..., tup
 
 class CompiledUpdate:
     """An :class:`sexpgpu.extension.OptimizerUpdate` whose ``propose`` is one compiled
-    graph per options and decay flags (one per stage, in practice)."""
+    graph per options and decay flags (one per stage, in practice); ``update`` is the
+    eager update it stands for."""
 
     def __init__(self, update: Any, backend: str) -> None:
         self.update = update

@@ -1,8 +1,11 @@
-"""What the compiled lowering sets on the machine, records, and does with CUDA streams.
+"""What the torch plugin's lowerings set on a CUDA machine, record, and do with streams.
 
-- The switches: TF32 matmuls (``cuda.tf32``), the determinism switches of a
-  deterministic run, and torch's on-disk compile caches.
-- Which kernels can run on this GPU (flash attention needs sm80+ and bf16).
+- The switches: the eager lowering's determinism switches, and the compiled
+  lowering's (TF32 matmuls, ``cuda.tf32``; the determinism switches of a
+  deterministic run, inductor's included).
+- Which kernels this GPU can run (flash attention needs sm80+ and bf16; the CUDA
+  kernels themselves are the ``cuda`` plugin's, and these are the facts of torch's
+  SDPA backends and cuDNN they rest on).
 - The cuDNN engine of the chosen convolution kernels.
 - :class:`PinnedSnapshots`: a checkpoint's device-to-host copy into reused, pinned
   host buffers on a side stream.
@@ -20,7 +23,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from sexpgpu.errors import CheckpointError, PluginError
+from sexpgpu.choices import cannot_take
+from sexpgpu.errors import PluginError
 from sexpgpu.extension import KernelInfo
 from sexpgpu.graph import Program
 from sexpgpu.kernels import device_kind
@@ -34,30 +38,29 @@ CUDA_PREFIX = "cuda."
 _SWITCH_VALUES = {TF32: ("on", "off")}
 
 
-def _refused(name: str, value: str, why: str) -> CheckpointError:
-    return CheckpointError(
-        f"the recorded choice '{value}' for {name} cannot be taken here: {why} "
-        "(use --choices fresh to choose again)",
-        code="E-CHOICE-001",
-    )
-
-
-def prepare_caches() -> None:
-    """Turn on torch's on-disk caches of compiled graphs (inductor's FX graph cache and
-    AOTAutograd's), so a second start of a program on this machine reuses them.
-    Their folder is torch's: ``TORCHINDUCTOR_CACHE_DIR``."""
-    import torch._functorch.config as functorch_config
-    import torch._inductor.config as inductor_config
-
-    inductor_config.fx_graph_cache = True
-    if hasattr(functorch_config, "enable_autograd_cache"):
-        functorch_config.enable_autograd_cache = True
+def take_eager_determinism(program: Program, device: str) -> None:
+    """The eager lowering's determinism switches for a deterministic ``program``: the
+    fixed cuBLAS workspace (set before CUDA starts, on either device), and on CUDA
+    the deterministic paths of the ops that have one."""
+    if not program.run.deterministic:
+        return
+    # cuBLAS needs a fixed workspace to be deterministic; set before CUDA starts.
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    if device_kind(device) == "cuda":
+        # Makes the ops with a nondeterministic CUDA default (embedding and
+        # index backward) take their deterministic path; warn_only keeps an
+        # op without one usable rather than failing the run. The CPU ops we
+        # use are deterministic already, so the CPU path is left alone.
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.backends.cudnn.benchmark = False
+        torch.backends.cudnn.deterministic = True
 
 
 def take_switches(
     program: Program, device: str, pinned: Mapping[str, str] | None
 ) -> dict[str, str]:
-    """Set the machine's switches for ``program`` on ``device``; the choices to record.
+    """Set the compiled lowering's switches for ``program`` on ``device``; the choices
+    to record.
 
     On the CPU nothing is set and a pinned ``cuda.*`` choice is refused. On CUDA a
     deterministic run sets torch's determinism switches (deterministic algorithms,
@@ -68,14 +71,14 @@ def take_switches(
     pins = {k: str(v) for k, v in (pinned or {}).items() if k.startswith(CUDA_PREFIX)}
     if device_kind(device) != "cuda":
         for name, value in sorted(pins.items()):
-            raise _refused(name, value, f"a CUDA choice on {device_kind(device)}")
+            raise cannot_take(name, value, f"a CUDA choice on {device_kind(device)}")
         return {}
     if not torch.cuda.is_available():
         raise PluginError(f"--device {device}: torch sees no CUDA device here")
     for name, value in pins.items():
         allowed = _SWITCH_VALUES.get(name)
         if allowed is not None and value not in allowed:
-            raise _refused(name, value, f"it is none of {', '.join(allowed)}")
+            raise cannot_take(name, value, f"it is none of {', '.join(allowed)}")
     deterministic = program.run.deterministic
     if deterministic:
         set_determinism()
