@@ -41,7 +41,7 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     from sexpgpu.catalog import Catalog
-    from sexpgpu.schedule import lr_at
+    from sexpgpu.lang.schedule import lr_at
     from sexpgpu.session import Selection, Target, lower, open_loader
 
     catalog = Catalog.load()

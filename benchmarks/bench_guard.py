@@ -15,7 +15,7 @@ from pathlib import Path
 
 from sexpgpu.catalog import Catalog
 from sexpgpu.choices import Choices
-from sexpgpu.schedule import lr_at
+from sexpgpu.lang.schedule import lr_at
 from sexpgpu.session import Selection, lower, open_loader
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "tiny-lm.sx"

@@ -46,7 +46,7 @@ if which == "baseline":
     assert len(tensors) == count
 else:
     from sexpgpu.errors import Pos
-    from sexpgpu.graph import Init, LoadSpec, ParamDecl, Program, TensorType
+    from sexpgpu.lang.ir import Init, LoadSpec, ParamDecl, Program, TensorType
     from sexpgpu.catalog import Catalog
     from sexpgpu.checkpoint.loads import Loads
     from sexpgpu_torch.trainer import TorchTrainer
@@ -161,7 +161,7 @@ def bucket(folder: Path) -> None:
         from sexpgpu.catalog import Catalog
         from sexpgpu.checkpoint.loads import Loads
         from sexpgpu.errors import Pos
-        from sexpgpu.graph import Init, LoadSpec, ParamDecl, TensorType
+        from sexpgpu.lang.ir import Init, LoadSpec, ParamDecl, TensorType
 
         decls = [
             ParamDecl(

@@ -174,7 +174,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     from sexpgpu.catalog import Catalog
     from sexpgpu.choices import Choices
-    from sexpgpu.schedule import lr_at
+    from sexpgpu.lang.schedule import lr_at
     from sexpgpu.session import Selection, lower, open_loader
 
     t_import = time.perf_counter() - t0

@@ -153,7 +153,7 @@ def measure(args: argparse.Namespace) -> dict:
     import torch
 
     from sexpgpu.catalog import Catalog
-    from sexpgpu.schedule import lr_at
+    from sexpgpu.lang.schedule import lr_at
     from sexpgpu.session import Selection, Target, lower, open_loader
 
     device = "cpu" if args.cpu_smoke else "cuda"

@@ -14,7 +14,7 @@ from typing import Any
 
 from sexpgpu import lang
 from sexpgpu.catalog import Catalog
-from sexpgpu.graph import Program
+from sexpgpu.lang.ir import Program
 
 
 @functools.cache

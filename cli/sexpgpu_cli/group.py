@@ -87,9 +87,13 @@ def cli(log_format: str, log_level: str) -> None:
       sexpgpu run examples/tiny-lm.sx --checkpoint-dir ckpt --resume latest
     """
     from sexpgpu import log
+    from sexpgpu_cli.logstream import LogStream
 
-    log.configure(level=log_level, fmt=log_format)
-    catalog().log_warnings()
+    log.configure(level=log_level, fmt=log_format, stream=LogStream())
+    from sexpgpu.log import get_logger
+
+    for warning in catalog().warnings:  # mistakes in the environment, said by every command
+        get_logger("sexpgpu.plugins").warning(warning)
 
 
 def catalog() -> Catalog:

@@ -18,9 +18,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from sexpgpu import log
 from sexpgpu.errors import UsageError
 from sexpgpu.log import get_logger
+from sexpgpu_cli import logstream
 
 __all__ = ["DEFAULT_LOG_EVERY", "LogEvery", "Reporter"]
 
@@ -179,7 +179,7 @@ class _Bar:
         self.progress.start()
         # Log lines print above the bar, whole (no wrapping, no markup), colours kept.
         console = self.progress.console
-        log.redirect(lambda line: console.print(Text.from_ansi(line), soft_wrap=True))
+        logstream.redirect(lambda line: console.print(Text.from_ansi(line), soft_wrap=True))
 
     def update(self, step: int, loss: float, rate: float | None) -> None:
         text = f"{rate:,.0f} tok/s" if rate is not None else ""
@@ -188,4 +188,4 @@ class _Bar:
     def close(self) -> None:
         # stop() draws the last state once more and leaves it on screen.
         self.progress.stop()
-        log.redirect(None)
+        logstream.redirect(None)

@@ -117,7 +117,6 @@ class Catalog:
         """Commands two plugins add (found by the CLI as it adds them)."""
         self._supplied: dict[str, list[tuple[Any, PluginRecord]]] = {}
         self._failed: set[tuple[str, str]] = set()  # (plugin, hook) whose hook raised
-        self._warned = False
         self._tracing = os.environ.get(TRACE_PLUGINS, "").strip() not in ("", "0")
         if self._tracing:
             self._trace()
@@ -232,20 +231,6 @@ class Catalog:
             close = nearest(name, known)
             hint = f" (did you mean '{close}'?)" if close else ""
             self.warnings.append(f"{variable} names '{name}', which is no installed plugin{hint}")
-
-    def log_warnings(self) -> None:
-        """Log each warning about the environment once (the CLI calls this after it has
-        set up logging)."""
-        if self._warned:
-            return
-        self._warned = True
-        if not self.warnings:
-            return
-        from sexpgpu.log import get_logger
-
-        logger = get_logger("sexpgpu.plugins")
-        for warning in self.warnings:
-            logger.warning(warning)
 
     def _trace(self) -> None:
         from sexpgpu.log import get_logger
@@ -395,7 +380,7 @@ class Catalog:
     def open_location(self, uri: str) -> Storage:
         """Open ``uri`` with the storage backend that serves its scheme (a plain path
         is ``file``); a :class:`PluginError` when no available plugin serves it."""
-        from sexpgpu.storage import scheme_of
+        from sexpgpu.checkpoint.storage import scheme_of
 
         if not uri:
             raise StorageError("an empty checkpoint location was given")

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from sexpgpu.errors import CheckpointError, UsageError
 
 if TYPE_CHECKING:
-    from sexpgpu.graph import Program
+    from sexpgpu.lang.ir import Program
 
 E_CHOICE = "E-CHOICE-001"
 """A recorded choice that cannot be taken here, or a request against one."""

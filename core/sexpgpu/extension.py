@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     import numpy as np
 
     from sexpgpu.choices import Choices
-    from sexpgpu.graph import Program, TensorType
+    from sexpgpu.lang.ir import Program, TensorType
 
 
 # ---------------------------------------------------------------- the public API
@@ -32,7 +32,7 @@ PUBLIC_API: Mapping[str, tuple[str, ...] | None] = {
     "sexpgpu.hookspecs": None,
     "sexpgpu.log": None,
     # a lowering: the program it lowers, the choice rule and the choices it takes
-    "sexpgpu.graph": None,
+    "sexpgpu.lang.ir": None,
     "sexpgpu.kernels": None,
     "sexpgpu.choices": None,
     "sexpgpu.lang.ops": None,
@@ -45,7 +45,7 @@ PUBLIC_API: Mapping[str, tuple[str, ...] | None] = {
         "read_experiment",
     ),
     # a storage backend
-    "sexpgpu.storage": None,
+    "sexpgpu.checkpoint.storage": None,
     # a command: the catalog the CLI hands it, the one way to open work, its metrics
     # and its signals
     "sexpgpu.catalog": ("Catalog",),
@@ -212,7 +212,7 @@ class Supplies:
 
 
 class Lowering(Protocol):
-    """Compiles a checked :class:`sexpgpu.graph.Program` for one device kind."""
+    """Compiles a checked :class:`sexpgpu.lang.ir.Program` for one device kind."""
 
     def lower(
         self, program: Program, *, device: str, supplies: Supplies, choices: Choices
@@ -269,58 +269,12 @@ Tensor = Any
 """A lowering's tensor (``torch.Tensor`` for the torch lowering); the core never imports one."""
 
 
-class AttentionKernel(Protocol):
-    """What an ``attention`` kernel's factory returns."""
-
-    def __call__(self, q: Tensor, k: Tensor, v: Tensor, *, heads: int, causal: bool) -> Tensor:
-        """``q``, ``k``, ``v`` of shape ``[B, T, D]`` (``heads`` divides ``D``) to
-        ``[B, T, D]``, the heads concatenated back along the last axis; masked so that
-        a position sees none after it when ``causal``. Differentiable by the lowering's
-        autograd."""
-
-
-class Conv2dKernel(Protocol):
-    """What a ``conv2d`` kernel's factory returns."""
-
-    def __call__(
-        self, x: Tensor, w: Tensor, bias: Tensor | None, *, stride: int, padding: int
-    ) -> Tensor:
-        """``x`` ``[B, C, H, W]``, ``w`` ``[O, C, kh, kw]``, ``bias`` ``[O]`` or ``None``
-        to ``[B, O, H', W']``, with the same ``stride`` and zero ``padding`` on both axes."""
-
-
-class StackBody(Protocol):
-    """One iteration of a ``repeat``, as the lowering hands it to a stack kernel."""
-
-    def __call__(self, carry: Tensor, slot_tensors: Sequence[Tensor]) -> Tensor:
-        """The next carry from this one and the iteration's slot parameters, in slot order."""
-
-
-class StackKernel(Protocol):
-    """What a ``stack`` kernel's factory returns."""
-
-    def __call__(
-        self, body: StackBody, carry: Tensor, per_iteration_slots: Sequence[Sequence[Tensor]]
-    ) -> Tensor:
-        """Run ``body`` once per entry of ``per_iteration_slots``, in order, each output
-        the next carry; return the last. An entry may carry an ``iteration`` attribute
-        the body reads (it seeds dropout), so pass the entries as given."""
-
-
-KERNEL_CALLS: Mapping[str, type] = {
-    "attention": AttentionKernel,
-    "conv2d": Conv2dKernel,
-    "stack": StackKernel,
-}
-"""The call contract of each site kind the language has: what a kernel's factory returns."""
-
-
 @dataclass(frozen=True)
 class KernelInfo:
     """One implementation of a kind of choice site.
 
     ``kind`` is the site kind (``attention``, ``stack``, ``conv2d``...) and fixes what
-    ``factory()`` returns (:data:`KERNEL_CALLS`); ``name`` is recorded as the choice
+    ``factory()`` returns (:data:`sexpgpu.lang.ops.KERNEL_CALLS`); ``name`` is recorded as the choice
     (``math``, ``sdpa``, ``unrolled``). ``lowering`` names the lowering that can call
     it and ``devices`` the device kinds where it runs. ``deterministic`` promises the
     same bits for the same inputs on the same machine, backward included. The choice
@@ -594,7 +548,7 @@ class Evaluator(Protocol):
         open_data: Callable[[Any, int], DataLoader],
         stopping: Callable[[], bool],
     ) -> dict[str, float] | None:
-        """Run ``eval_pass`` (a :class:`sexpgpu.graph.EvalPass`) over its batches.
+        """Run ``eval_pass`` (a :class:`sexpgpu.lang.ir.EvalPass`) over its batches.
 
         ``open_data(data_decl, seed)`` opens a loader; ``seed`` is the run's.
         Returns each metric's number, or ``None`` when ``stopping()`` became true

@@ -1,6 +1,6 @@
 """The kernel-choice rule, one for every lowering (no lowering's tensors here).
 
-A program's choice sites (:class:`sexpgpu.graph.ChoiceSite`: ``attention:model.attn``,
+A program's choice sites (:class:`sexpgpu.lang.ir.ChoiceSite`: ``attention:model.attn``,
 ``stack:model.blocks``...) each get one kernel (:class:`sexpgpu.extension.KernelInfo`).
 A kernel *fits* a site when its ``kind`` is the site's kind, its ``lowering`` is the
 lowering choosing, and its ``devices`` include the device's kind (``cuda`` for
@@ -23,7 +23,7 @@ from sexpgpu.errors import PluginError
 
 if TYPE_CHECKING:
     from sexpgpu.extension import KernelInfo
-    from sexpgpu.graph import ChoiceSite, Program
+    from sexpgpu.lang.ir import ChoiceSite, Program
 
 
 def device_kind(device: str) -> str:

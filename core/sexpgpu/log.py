@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import re
 import sys
-from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -39,36 +38,14 @@ def _mask_secrets(logger: Any, method: str, event: dict[str, Any]) -> dict[str, 
     return event
 
 
-_redirect: Callable[[str], None] | None = None
-
-
-def redirect(write: Callable[[str], None] | None) -> None:
-    """Send each log line (without its newline) to ``write`` instead of stderr, so a
-    terminal progress display prints it above itself; ``None`` sends lines back."""
-    global _redirect
-    _redirect = write
-
-
 class _Stderr:
-    """The current ``sys.stderr``, or the :func:`redirect` target, line by line."""
-
-    def __init__(self) -> None:
-        self._partial = ""
+    """The current ``sys.stderr`` (tests and a terminal display may replace it)."""
 
     def write(self, text: str) -> int:
-        target = _redirect
-        if target is None:
-            return sys.stderr.write(text)
-        # print() writes the message and its newline apart: hand over whole lines.
-        lines = (self._partial + text).split("\n")
-        self._partial = lines.pop()
-        for line in lines:
-            target(line)
-        return len(text)
+        return sys.stderr.write(text)
 
     def flush(self) -> None:
-        if _redirect is None:
-            sys.stderr.flush()
+        sys.stderr.flush()
 
     def isatty(self) -> bool:
         return sys.stderr.isatty()

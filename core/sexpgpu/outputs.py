@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from sexpgpu.errors import RunError
+from sexpgpu.status import STATUS_FILE
 
 if TYPE_CHECKING:
     from sexpgpu.catalog import Catalog
@@ -46,7 +47,8 @@ def open_location(
 
 class Reporter(Protocol):
     """What the person watching a run is told: each committed step, each eval pass's
-    numbers, and a closing summary (the CLI draws a progress bar and logs lines)."""
+    numbers, and a closing summary (the CLI draws a progress bar and logs lines).
+    Each method tells nothing unless a subclass says otherwise."""
 
     def step(self, step: int, loss: float, lr: float, tokens: int | None) -> None:
         """A committed step."""
@@ -61,20 +63,8 @@ class Reporter(Protocol):
         """How the run ended (``finished``, ``interrupted``, ``failed``), with ``fields``."""
 
 
-class Quiet:
-    """A :class:`Reporter` that tells nothing: a run called as a library."""
-
-    def step(self, step: int, loss: float, lr: float, tokens: int | None) -> None:
-        """Nothing."""
-
-    def evaluated(self, step: int, name: str, numbers: dict[str, float]) -> None:
-        """Nothing."""
-
-    def close(self) -> None:
-        """Nothing."""
-
-    def summary(self, state: str, step: int, **fields: Any) -> None:
-        """Nothing."""
+class Quiet(Reporter):
+    """The :class:`Reporter` of a run called as a library: it tells nothing."""
 
 
 @dataclass
@@ -142,7 +132,7 @@ class Outputs:
         metrics = MetricsStream(sinks, experiment=slug)
         where = [run.catalog.metrics_sink(name).location for name in names]
         found = [at(options.metrics_dir, slug) for at in where if at is not None]
-        status = StatusFile(os.path.join(run_dir, "status.json"))
+        status = StatusFile(os.path.join(run_dir, STATUS_FILE))
         resumed_from = session.location if session.checkpoint else None
         status.update(
             state="running",
@@ -225,7 +215,7 @@ class Outputs:
         summary: dict[str, Any] = {
             "checkpoint": self.last_checkpoint,
             "metrics": self.events or self.run_dir,
-            "status": os.path.join(self.run_dir, "status.json"),
+            "status": os.path.join(self.run_dir, STATUS_FILE),
         }
         if undelivered:
             # A metrics folder that filled up or went away mid-run: said at the end too.

@@ -22,16 +22,6 @@ DISABLE_PLUGINS = "SEXPGPU_DISABLE_PLUGINS"
 PROJECT_DISTRIBUTION = "sexpgpu"
 
 
-@dataclass(frozen=True)
-class SupplyKind:
-    """How the descriptors of one hook are keyed: ``keys(info)`` gives the phrases
-    naming what the descriptor claims (``storage scheme 'file'``); two available
-    plugins claiming one phrase conflict."""
-
-    hook: str
-    keys: Callable[[Any], tuple[str, ...]]
-
-
 def defaults_of(info: Any) -> tuple[str, ...]:
     """The device kinds a lowering descriptor is the default for (``default_for``,
     else every kind it serves)."""
@@ -76,29 +66,21 @@ def _built_in_claims(hook: str) -> list[tuple[str, str, str]]:
     return [(f"op '{name}'", BUILT_IN, f"{PROJECT_DISTRIBUTION} built-in") for name in names]
 
 
-SUPPLIES: dict[str, SupplyKind] = {
-    kind.hook: kind
-    for kind in (
-        SupplyKind("sexpgpu_lowerings", _lowering_keys),
-        SupplyKind(
-            "sexpgpu_kernels",
-            lambda i: (f"{i.kind} kernel '{i.name}' of the {i.lowering} lowering",),
-        ),
-        SupplyKind("sexpgpu_ops", _op_keys),
-        SupplyKind("sexpgpu_optimizers", lambda i: (f"optimizer '{i.name}'",)),
-        SupplyKind(
-            "sexpgpu_storage_backends",
-            lambda i: tuple(f"storage scheme '{scheme}'" for scheme in i.schemes),
-        ),
-        SupplyKind("sexpgpu_metrics_sinks", lambda i: (f"metrics sink '{i.name}'",)),
-        SupplyKind("sexpgpu_data_sources", lambda i: (f"data source '{i.name}'",)),
-        # one runner serves every pass: any two plugins supplying one conflict
-        SupplyKind("sexpgpu_evaluators", lambda i: ("eval-pass runner",)),
-        SupplyKind("sexpgpu_eval_metrics", lambda i: (f"eval metric '{i.name}'",)),
-    )
+SUPPLIES: dict[str, Callable[[Any], tuple[str, ...]]] = {
+    "sexpgpu_lowerings": _lowering_keys,
+    "sexpgpu_kernels": lambda i: (f"{i.kind} kernel '{i.name}' of the {i.lowering} lowering",),
+    "sexpgpu_ops": _op_keys,
+    "sexpgpu_optimizers": lambda i: (f"optimizer '{i.name}'",),
+    "sexpgpu_storage_backends": lambda i: tuple(f"storage scheme '{s}'" for s in i.schemes),
+    "sexpgpu_metrics_sinks": lambda i: (f"metrics sink '{i.name}'",),
+    "sexpgpu_data_sources": lambda i: (f"data source '{i.name}'",),
+    # one runner serves every pass: any two plugins supplying one conflict
+    "sexpgpu_evaluators": lambda i: ("eval-pass runner",),
+    "sexpgpu_eval_metrics": lambda i: (f"eval metric '{i.name}'",),
 }
-"""Every hook that supplies descriptors, with its conflict keys (how ``sexpgpu plugins``
-describes each is the CLI's).
+"""Every hook that supplies descriptors, with how a descriptor's keys are made: the
+phrases naming what it claims (``storage scheme 'file'``); two available plugins
+claiming one phrase conflict. (How ``sexpgpu plugins`` describes each is the CLI's.)
 Commands (``sexpgpu_cli_commands``) are keyed by command name where they are added."""
 
 COMMANDS_HOOK = "sexpgpu_cli_commands"
@@ -180,9 +162,9 @@ def contested_keys(hook: str, info: Any, conflicts: Iterable[Conflict]) -> list[
     return [c for c in conflicts if c.hook == hook and c.what in keys]
 
 
-def _keys(kind: SupplyKind, info: Any) -> tuple[str, ...]:
+def _keys(keys: Callable[[Any], tuple[str, ...]], info: Any) -> tuple[str, ...]:
     try:
-        return kind.keys(info)
+        return keys(info)
     except Exception:  # a malformed descriptor claims nothing; using it fails on its own
         return ()
 

@@ -17,21 +17,11 @@ from typing import TYPE_CHECKING
 
 from sexpgpu.errors import PluginError, RunError, UsageError
 from sexpgpu.extension import RankGroup, Trainer
-from sexpgpu.graph import Program
+from sexpgpu.lang.ir import Program
 
 if TYPE_CHECKING:
     from sexpgpu.signals import StopWatch
 
-__all__ = [
-    "SOLO",
-    "Solo",
-    "StopAgreement",
-    "check_batches",
-    "check_replicas",
-    "join_group",
-    "launched_size",
-    "replica_digest",
-]
 
 E_BATCH = "E-DP-001"
 

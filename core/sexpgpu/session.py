@@ -30,22 +30,8 @@ if TYPE_CHECKING:
     from sexpgpu.checkpoint import Loaded
     from sexpgpu.checkpoint.loads import Loads
     from sexpgpu.extension import RankGroup, Storage
-    from sexpgpu.graph import DataDecl, Program
+    from sexpgpu.lang.ir import DataDecl, Program
 
-__all__ = [
-    "E_FOREIGN_RUN",
-    "CheckpointOpener",
-    "Lowered",
-    "Opened",
-    "Selection",
-    "Session",
-    "Target",
-    "evaluator",
-    "lower",
-    "open_loader",
-    "recorded_choices",
-    "state_names_for",
-]
 
 E_FOREIGN_RUN = "E-EVAL-002"
 """A checkpoint opened with a file whose run is not the checkpoint's."""
@@ -64,15 +50,9 @@ class Selection:
     def recorded(cls, experiment: Mapping[str, Any], file: str | None = None) -> Selection:
         """The selection a checkpoint's run was compiled under: its file (or ``file``),
         its variant, and the knobs its command line set."""
-        sets: dict[str, str] = {}
-        steps = None
-        for knob in experiment.get("knobs", []):
-            if knob.get("source") != "command line":
-                continue
-            if knob["name"] == "steps" and isinstance(knob["value"], int):
-                steps = knob["value"]
-            else:
-                sets[knob["name"]] = _value_text(knob["value"])
+        from sexpgpu.checkpoint.records import command_line_knobs
+
+        sets, steps = command_line_knobs(experiment)
         variant = experiment.get("variant")
         return cls(
             file or experiment["file"],
@@ -479,10 +459,3 @@ class CheckpointOpener:
         if frozen:
             trainer.set_params(loads.read(frozen))
         return moved
-
-
-def _value_text(value: Any) -> str:
-    """A recorded knob value as ``--set`` takes it."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return value if isinstance(value, str) else json.dumps(value)

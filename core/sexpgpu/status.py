@@ -19,23 +19,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["STATES", "StatusFile", "read_status", "run_identity", "status_path"]
+__all__ = ["STATES", "STATUS_FILE", "StatusFile", "run_identity"]
 
 STATES = ("running", "interrupted", "finished", "failed")
 """The values of ``state``."""
 
 STATUS_FILE = "status.json"
-
-
-def status_path(metrics_dir: str | os.PathLike[str], slug: str) -> Path:
-    """Where the status file of experiment ``slug`` lives: ``<metrics-dir>/<slug>/status.json``."""
-    return Path(metrics_dir) / slug / STATUS_FILE
-
-
-def read_status(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The status file at ``path`` as a dict (raises :class:`OSError` when absent)."""
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+"""The file's name in ``<metrics-dir>/<slug>/``."""
 
 
 class StatusFile:
@@ -62,7 +52,6 @@ class StatusFile:
             "updated": None,
         }
         self._last_write = float("-inf")
-        self._dirty = False
         self._warned = False
         # Re-entrant: update() and progress() hold it around _write().
         self._lock = threading.RLock()
@@ -101,15 +90,9 @@ class StatusFile:
         with self._lock:
             self.fields["step"] = int(step)
             self.fields.update(fields)
-            self._dirty = True
             if time.monotonic() - self._last_write < self.min_interval:
                 return False
             return self._write()
-
-    def flush(self) -> bool:
-        """Write what :meth:`progress` held back, if anything. Returns whether it wrote."""
-        with self._lock:
-            return self._write() if self._dirty else False
 
     def _write(self) -> bool:
         self.fields["updated"] = time.time()
@@ -145,14 +128,13 @@ class StatusFile:
                 self._warned = True
             return False
         self._last_write = time.monotonic()
-        self._dirty = False
         self._warned = False
         return True
 
 
 def run_identity(file: str, program: Any, choices: Mapping[str, Any]) -> dict[str, Any]:
     """What the status file says about the run itself, for ``program`` (a compiled
-    :class:`sexpgpu.graph.Program`) from ``file``: `sexpgpu runs` lists it, a sink
+    :class:`sexpgpu.lang.ir.Program`) from ``file``: `sexpgpu runs` lists it, a sink
     (mlflow) names and describes the run with it, and ``pid``/``host`` tell a reader
     whether a ``running`` run still has its process."""
     import socket

@@ -20,16 +20,16 @@ from typing import TYPE_CHECKING, Any
 
 from sexpgpu.errors import CheckpointError, RunError, SexpError, StorageError, UsageError
 from sexpgpu.extension import RankGroup
+from sexpgpu.lang.schedule import lr_at
 from sexpgpu.log import get_logger
 from sexpgpu.outputs import Quiet, Reporter
 from sexpgpu.ranks import SOLO, StopAgreement, check_batches, check_replicas, join_group
-from sexpgpu.schedule import lr_at
 from sexpgpu.session import Selection, Session, Target, evaluator, open_loader
 from sexpgpu.signals import StopWatch, interruption, process_watch
 
 if TYPE_CHECKING:
     from sexpgpu.catalog import Catalog
-    from sexpgpu.graph import Program
+    from sexpgpu.lang.ir import Program
 
 DEFAULT_METRICS_DIR = "./sexpgpu-runs"
 

@@ -1,5 +1,5 @@
 """The CUDA-only kernels of the compiled lowering, each following its kind's call
-contract in the core (:data:`sexpgpu.extension.KERNEL_CALLS`).
+contract in the core (:data:`sexpgpu.lang.ops.KERNEL_CALLS`).
 
 The attention kernels are SDPA restricted to one backend, so the recorded name says
 which kernel ran (the eager ``sdpa`` kernel lets torch pick per call). The
@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from sexpgpu.extension import AttentionKernel, Conv2dKernel
+from sexpgpu.lang.ops import AttentionKernel, Conv2dKernel
 from sexpgpu_torch.kernels import conv2d_direct
 
 Tensor = torch.Tensor

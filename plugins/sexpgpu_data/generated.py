@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from sexpgpu.graph import TensorType
+from sexpgpu.lang.ir import TensorType
 
 from ._common import (
     E_OPTION,

@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sexpgpu.checkpoint import EXPERIMENT_FILE, location_of, parse_step_key
+from sexpgpu.checkpoint.storage import NO_SUCH_LOCATION
 from sexpgpu.errors import CheckpointError, RunError, StorageError
 from sexpgpu.extension import Evaluator, Storage
 from sexpgpu.log import get_logger
 from sexpgpu.session import CheckpointOpener, Opened, open_loader
-from sexpgpu.storage import NO_SUCH_LOCATION
 
 EVALUATED_FILE = "evaluated.json"
 E_EVALUATED = "E-EVAL-003"

@@ -14,7 +14,7 @@ from typing import Any
 
 from sexpgpu.errors import Pos
 from sexpgpu.extension import EvalMetricInfo, OpInfo
-from sexpgpu.graph import TensorType
+from sexpgpu.lang.ir import TensorType
 from sexpgpu.lang.ops import Arg, Keyword, OpSpec, check_float, fail
 
 TOP_K = 5

@@ -26,8 +26,8 @@ import torch
 from sexpgpu.choices import cannot_take
 from sexpgpu.errors import PluginError
 from sexpgpu.extension import KernelInfo
-from sexpgpu.graph import Program
 from sexpgpu.kernels import device_kind
+from sexpgpu.lang.ir import Program
 
 TF32 = "cuda.tf32"
 """Recorded ``on`` or ``off``: whether f32 matmuls and convolutions may round to TF32."""

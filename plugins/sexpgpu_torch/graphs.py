@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from sexpgpu.graph import Graph, Node
+from sexpgpu.lang.ir import Graph, Node
 from sexpgpu_torch.dtypes import TORCH_DTYPES
 from sexpgpu_torch.ops import build
 from sexpgpu_torch.rng import derive_seed

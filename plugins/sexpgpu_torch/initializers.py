@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from sexpgpu.errors import RunError
-from sexpgpu.graph import ParamDecl
+from sexpgpu.lang.ir import ParamDecl
 from sexpgpu_torch.rng import derive_seed
 
 Tensor = torch.Tensor

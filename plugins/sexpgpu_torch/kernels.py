@@ -1,8 +1,8 @@
 """The torch plugin's kernels, for either device.
 
-Each follows its kind's call contract in the core (:data:`sexpgpu.extension.KERNEL_CALLS`:
-:class:`~sexpgpu.extension.AttentionKernel`, :class:`~sexpgpu.extension.Conv2dKernel`,
-:class:`~sexpgpu.extension.StackKernel`), with ``torch.Tensor`` as the tensor type;
+Each follows its kind's call contract in the core (:data:`sexpgpu.lang.ops.KERNEL_CALLS`:
+:class:`~sexpgpu.lang.ops.AttentionKernel`, :class:`~sexpgpu.lang.ops.Conv2dKernel`,
+:class:`~sexpgpu.lang.ops.StackKernel`), with ``torch.Tensor`` as the tensor type;
 a third-party kernel for ``lowering="torch"`` follows the same contracts. Every
 kernel here but ``recompute`` is the eager lowering's, which the compiled lowering
 calls too; ``recompute`` is the compiled lowering's own (its descriptors are in
@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from sexpgpu.extension import AttentionKernel, Conv2dKernel, StackBody, StackKernel
+from sexpgpu.lang.ops import AttentionKernel, Conv2dKernel, StackBody, StackKernel
 from sexpgpu_torch.graphs import Slots
 
 Tensor = torch.Tensor

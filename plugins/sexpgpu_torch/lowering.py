@@ -18,8 +18,8 @@ import torch
 from sexpgpu.choices import Choices, cannot_take
 from sexpgpu.errors import PluginError
 from sexpgpu.extension import KernelInfo, Supplies
-from sexpgpu.graph import Program
 from sexpgpu.kernels import choose_kernels, device_kind
+from sexpgpu.lang.ir import Program
 from sexpgpu_torch.compiled import BACKEND, Compiled, prepare_caches
 from sexpgpu_torch.cpu import take as take_cpu_choices
 from sexpgpu_torch.cuda import runnable, take_conv_engine, take_eager_determinism, take_switches

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from sexpgpu.errors import RunError
-from sexpgpu.graph import Node, TensorType
+from sexpgpu.lang.ir import Node, TensorType
 from sexpgpu.lang.ops import implementation_of
 from sexpgpu_torch.dtypes import TORCH_DTYPES
 from sexpgpu_torch.names import LOWERING

@@ -25,8 +25,8 @@ import torch
 
 from sexpgpu.errors import CheckpointError, PluginError, RunError
 from sexpgpu.extension import KernelInfo, OpInfo, OptimizerInfo, OptimizerUpdate, Trainer
-from sexpgpu.graph import Graph, ParamDecl, Program
 from sexpgpu.kernels import recorded
+from sexpgpu.lang.ir import Graph, ParamDecl, Program
 from sexpgpu_torch.dtypes import TORCH_DTYPES
 from sexpgpu_torch.graphs import compile_graph
 from sexpgpu_torch.initializers import init_tensor

@@ -24,9 +24,7 @@ from google.auth.credentials import AnonymousCredentials
 from google.cloud import storage
 from google.cloud.storage.retry import DEFAULT_RETRY
 
-from sexpgpu.errors import StorageError
-from sexpgpu.extension import ObjectIdentity
-from sexpgpu.storage import (
+from sexpgpu.checkpoint.storage import (
     ACCESS_DENIED,
     CANNOT_LIST,
     NO_CREDENTIALS,
@@ -38,6 +36,8 @@ from sexpgpu.storage import (
     redact,
     split_bucket_uri,
 )
+from sexpgpu.errors import StorageError
+from sexpgpu.extension import ObjectIdentity
 
 SCOPES = ("https://www.googleapis.com/auth/devstorage.read_write",)
 

@@ -15,9 +15,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
 
-from sexpgpu.errors import StorageError
-from sexpgpu.extension import ObjectIdentity
-from sexpgpu.storage import (
+from sexpgpu.checkpoint.storage import (
     ACCESS_DENIED,
     CANNOT_LIST,
     NO_SUCH_LOCATION,
@@ -26,6 +24,8 @@ from sexpgpu.storage import (
     READ_FAILED,
     WRITE_FAILED,
 )
+from sexpgpu.errors import StorageError
+from sexpgpu.extension import ObjectIdentity
 
 TEMP_PREFIX = ".sexpgpu-tmp-"
 """Names of files being written; never listed, so a cut-off write is invisible."""

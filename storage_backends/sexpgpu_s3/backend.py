@@ -21,9 +21,7 @@ import botocore.exceptions as bexc
 import google_crc32c
 from botocore.config import Config
 
-from sexpgpu.errors import StorageError
-from sexpgpu.extension import ObjectIdentity
-from sexpgpu.storage import (
+from sexpgpu.checkpoint.storage import (
     ACCESS_DENIED,
     CANNOT_LIST,
     NO_CREDENTIALS,
@@ -35,6 +33,8 @@ from sexpgpu.storage import (
     redact,
     split_bucket_uri,
 )
+from sexpgpu.errors import StorageError
+from sexpgpu.extension import ObjectIdentity
 
 MIB = 1 << 20
 MIN_PART = 5 * MIB  # S3's smallest part but the last

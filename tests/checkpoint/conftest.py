@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sexpgpu.graph import Program
+from sexpgpu.lang.ir import Program
 from tests.catalogs import open_location
 
 from .helpers import make_program

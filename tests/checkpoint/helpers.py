@@ -11,7 +11,16 @@ import numpy as np
 
 from sexpgpu import checkpoint as ckpt
 from sexpgpu.errors import Pos
-from sexpgpu.graph import Init, Knob, LoadSpec, ParamDecl, Program, RunSettings, Source, TensorType
+from sexpgpu.lang.ir import (
+    Init,
+    Knob,
+    LoadSpec,
+    ParamDecl,
+    Program,
+    RunSettings,
+    Source,
+    TensorType,
+)
 
 CORE_SHA = "e4f1b2681fd7e21aa5cfe45f6f1b42618f70206f8af4becbf5adb1472edd09d9"
 RUN_SHA = "1a74f5546c852533510ab69ca07859527eb813001fc991db683c1ed1013f1117"

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from sexpgpu import checkpoint as ckpt
-from sexpgpu.graph import LoadSpec, Source
+from sexpgpu.lang.ir import LoadSpec, Source
 from sexpgpu_cli.commands.checkpoint import render_checkpoint
 from tests.catalogs import open_location
 

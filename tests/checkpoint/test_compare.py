@@ -8,7 +8,7 @@ import pytest
 
 from sexpgpu import checkpoint as ckpt
 from sexpgpu.errors import CheckpointError
-from sexpgpu.graph import Knob, Source
+from sexpgpu.lang.ir import Knob, Source
 
 from .helpers import CORE_SHA, RUN_SHA, adam_states, make_program, param
 

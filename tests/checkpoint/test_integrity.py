@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from sexpgpu import checkpoint as ckpt
+from sexpgpu.checkpoint.storage import redact
 from sexpgpu.errors import CheckpointError, StorageError
 from sexpgpu.metrics import new_slug
-from sexpgpu.storage import redact
 from tests.catalogs import open_location
 
 from .helpers import write

@@ -20,7 +20,7 @@ from sexpgpu.checkpoint import (
     TensorHeader,
 )
 from sexpgpu.errors import CheckpointError
-from sexpgpu.graph import LoadSpec
+from sexpgpu.lang.ir import LoadSpec
 from sexpgpu_cli.commands.checkpoint import render_checkpoint
 
 from .helpers import make_program, param, write

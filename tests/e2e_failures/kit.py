@@ -104,7 +104,7 @@ import numpy as np
 
 from sexpgpu.errors import RunError
 from sexpgpu.extension import DataSourceInfo
-from sexpgpu.graph import TensorType
+from sexpgpu.lang.ir import TensorType
 from sexpgpu.hookspecs import hookimpl
 
 

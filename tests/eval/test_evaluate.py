@@ -65,7 +65,7 @@ import os
 import numpy as np
 
 from sexpgpu.extension import DataSourceInfo
-from sexpgpu.graph import TensorType
+from sexpgpu.lang.ir import TensorType
 from sexpgpu.hookspecs import hookimpl
 
 

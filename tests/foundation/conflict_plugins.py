@@ -74,7 +74,7 @@ def sexpgpu_kernels():
 # The built-in `arithmetic` data source's name.
 TWIN_DATA = """
 from sexpgpu.extension import DataSourceInfo
-from sexpgpu.graph import TensorType
+from sexpgpu.lang.ir import TensorType
 from sexpgpu.hookspecs import hookimpl
 
 

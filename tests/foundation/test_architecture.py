@@ -152,8 +152,10 @@ def project_modules() -> dict[str, Path]:
 
 
 def _runtime_imports(tree: ast.AST, module: str, is_package: bool) -> Iterator[str]:
-    """The absolute module names a module imports when it runs: top-level and inside
-    functions (lazy), but not under ``if TYPE_CHECKING:``."""
+    """The absolute names a module imports when it runs: top-level and inside functions
+    (lazy), but not under ``if TYPE_CHECKING:``. ``from pkg import name`` gives
+    ``pkg.name`` (a submodule, when it is one) and ``pkg:`` after it (``pkg`` itself,
+    when ``name`` is not a submodule)."""
     package = module if is_package else module.rpartition(".")[0]
 
     def walk(node: ast.AST) -> Iterator[str]:
@@ -173,8 +175,8 @@ def _runtime_imports(tree: ast.AST, module: str, is_package: bool) -> Iterator[s
                 anchor = anchor[: len(anchor) - node.level + 1]
                 base = ".".join([*anchor, base] if base else anchor)
             for alias in node.names:
-                yield f"{base}.{alias.name}"  # a submodule, when it is one
-                yield base
+                yield f"{base}.{alias.name}"
+                yield f"{base}:"
         yield from walk(node)
 
     yield from walk(tree)
@@ -187,11 +189,16 @@ def import_graph() -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
         tree = ast.parse(path.read_text(), str(path))
-        targets = set(_runtime_imports(tree, name, path.name == "__init__.py"))
-        # ``from pkg import name`` names a submodule or something in pkg's __init__
-        edges = {t for t in targets if t in modules}
-        # the package itself, for a name taken from its __init__ (not a submodule)
-        edges |= {t.rpartition(".")[0] for t in targets - edges if t.rpartition(".")[0] in modules}
+        targets = list(_runtime_imports(tree, name, path.name == "__init__.py"))
+        edges: set[str] = set()
+        for target, after in zip(targets, [*targets[1:], ""], strict=False):
+            if target.endswith(":"):
+                continue
+            if target in modules:
+                edges.add(target)
+            elif after.endswith(":") and after[:-1] in modules:
+                # ``from pkg import name``, where name lives in pkg's __init__
+                edges.add(after[:-1])
         graph[name] = edges - {name}
     return graph
 

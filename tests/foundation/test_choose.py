@@ -12,8 +12,8 @@ import pytest
 from sexpgpu.choices import Choices, requested_sites
 from sexpgpu.errors import CheckpointError, PluginError, Pos, UsageError
 from sexpgpu.extension import KernelInfo
-from sexpgpu.graph import ChoiceSite
 from sexpgpu.kernels import choose_kernels, recorded
+from sexpgpu.lang.ir import ChoiceSite
 from sexpgpu.session import Target
 from sexpgpu_cli.options import parse_requests
 

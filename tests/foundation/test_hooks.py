@@ -34,7 +34,7 @@ from sexpgpu.extension import (
     DataSourceInfo, KernelInfo, LoweringInfo, MetricsSinkInfo, OptimizerInfo,
     StorageBackendInfo,
 )
-from sexpgpu.graph import TensorType
+from sexpgpu.lang.ir import TensorType
 from sexpgpu.hookspecs import hookimpl
 
 CALLED = []

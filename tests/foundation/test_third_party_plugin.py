@@ -117,7 +117,7 @@ def test_open_location_uses_the_plugin_storage(mem: dict) -> None:
     plugin's Storage, and every Storage operation round-trips."""
     code = """
         from sexpgpu.catalog import Catalog
-        from sexpgpu.storage import scheme_of
+        from sexpgpu.checkpoint.storage import scheme_of
 
         store = Catalog.load().open_location("mem://x/")
         print(type(store).__module__, type(store).__name__, store.uri, scheme_of("mem://x"))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from sexpgpu import lang
 from sexpgpu.catalog import Catalog
-from sexpgpu.graph import Program, TensorType
+from sexpgpu.lang.ir import Program, TensorType
 
 HERE = Path(__file__).parent
 FAKE = HERE / "fakeplugin"

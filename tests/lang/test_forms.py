@@ -9,8 +9,8 @@ import pytest
 from lang_helpers import BASE, RUN, compile_file, compile_text, program
 
 from sexpgpu.errors import Pos, SourceError
-from sexpgpu.graph import Init, LoadSpec, Schedule, TensorType
 from sexpgpu.lang import core_source
+from sexpgpu.lang.ir import Init, LoadSpec, Schedule, TensorType
 
 
 def test_minimal_run():

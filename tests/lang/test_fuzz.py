@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from lang_helpers import EXAMPLES, compile_text
 
 from sexpgpu.errors import SexpError, SourceError
-from sexpgpu.graph import Program
+from sexpgpu.lang.ir import Program
 from sexpgpu.lang.reader import read
 
 TEXTS = {p.name: p.read_text() for p in sorted(EXAMPLES.glob("*.sx"))}

@@ -6,7 +6,7 @@ import pytest
 from lang_helpers import RUN, compile_text
 
 from sexpgpu.errors import SourceError, UsageError
-from sexpgpu.graph import Knob
+from sexpgpu.lang.ir import Knob
 
 TEXT = """
 (defknob lr 0.5 "learning rate")

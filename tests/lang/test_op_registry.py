@@ -9,7 +9,7 @@ import pytest
 from lang_helpers import ROOT, model_output
 
 from sexpgpu.errors import Pos, SourceError
-from sexpgpu.graph import TensorType
+from sexpgpu.lang.ir import TensorType
 from sexpgpu.lang.ops import (
     BUILTINS,
     STRUCTURAL,

@@ -6,7 +6,7 @@ import pytest
 from lang_helpers import compile_text, model_output
 
 from sexpgpu.errors import Pos, SourceError
-from sexpgpu.graph import TensorType
+from sexpgpu.lang.ir import TensorType
 from sexpgpu.lang.ops import infer
 
 P = Pos("t.sx", 1, 1)

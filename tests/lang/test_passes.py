@@ -9,7 +9,6 @@ import pytest
 from lang_helpers import BASE, CATALOG, RUN, compile_text
 
 from sexpgpu.errors import Pos, SourceError, UsageError
-from sexpgpu.graph import Knob, LoadSpec, Stage, TensorType
 from sexpgpu.lang import core_source
 from sexpgpu.lang.builder import Builder, Ctx, GraphEnv, Sites
 from sexpgpu.lang.collect import collect, layer_def
@@ -18,6 +17,7 @@ from sexpgpu.lang.defrun import RunForm, read_defrun
 from sexpgpu.lang.elaborate import elaborate
 from sexpgpu.lang.expr import ExprCompiler
 from sexpgpu.lang.graphs import build_graphs, loss_graph
+from sexpgpu.lang.ir import Knob, LoadSpec, Stage, TensorType
 from sexpgpu.lang.knobs import Knobs, settle_knobs
 from sexpgpu.lang.model import Instance, Model, Stack
 from sexpgpu.lang.optable import OpTable

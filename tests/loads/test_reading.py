@@ -14,7 +14,7 @@ from safetensors.torch import save_file as save_torch_file
 
 from sexpgpu.checkpoint.loads import Loads, open_storage, read_header
 from sexpgpu.errors import Pos, SexpError, SourceError
-from sexpgpu.graph import Init, LoadSpec, ParamDecl, TensorType
+from sexpgpu.lang.ir import Init, LoadSpec, ParamDecl, TensorType
 from tests.catalogs import open_location
 
 POS = Pos("model.sx", 3, 10)

@@ -15,8 +15,9 @@ from sexpgpu import kernels as choice
 from sexpgpu.catalog import Catalog
 from sexpgpu.choices import Choices
 from sexpgpu.errors import CheckpointError, PluginError
-from sexpgpu.extension import KERNEL_CALLS, KernelInfo, Supplies
-from sexpgpu.graph import TensorType
+from sexpgpu.extension import KernelInfo, Supplies
+from sexpgpu.lang.ir import TensorType
+from sexpgpu.lang.ops import KERNEL_CALLS
 from sexpgpu_torch import kernels as K
 from sexpgpu_torch.cpu_environment import is_cpu_choice
 from tests.catalogs import project

@@ -14,7 +14,7 @@ import torch
 
 from sexpgpu.choices import LOWERING_CHOICE, Choices
 from sexpgpu.extension import Supplies
-from sexpgpu.schedule import lr_at
+from sexpgpu.lang.schedule import lr_at
 from sexpgpu_torch.cpu_environment import CAPABILITY, THREADS, TORCH_VERSION, is_cpu_choice
 from tests.catalogs import compile_file, lower, open_loader, project
 

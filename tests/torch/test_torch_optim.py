@@ -11,7 +11,7 @@ from torch_build import G, param, program, stage
 
 from sexpgpu.choices import Choices
 from sexpgpu.extension import OptimizerUpdate, Supplies
-from sexpgpu.graph import Init, TensorType
+from sexpgpu.lang.ir import Init, TensorType
 from sexpgpu_torch import optim
 from tests.catalogs import project
 

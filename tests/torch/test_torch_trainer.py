@@ -10,7 +10,7 @@ from torch_build import POS, G, param, program, site, stage
 from sexpgpu.choices import Choices
 from sexpgpu.errors import CheckpointError
 from sexpgpu.extension import Supplies
-from sexpgpu.graph import DataDecl, EvalPass, Init, TensorType
+from sexpgpu.lang.ir import DataDecl, EvalPass, Init, TensorType
 from tests.catalogs import project
 
 B, T, D, V = 2, 4, 8, 11

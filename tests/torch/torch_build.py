@@ -1,4 +1,4 @@
-"""Build :class:`sexpgpu.graph.Program` objects by hand, for lowering tests that do not
+"""Build :class:`sexpgpu.lang.ir.Program` objects by hand, for lowering tests that do not
 depend on the `.sx` compiler. Node types come from the compiler's own shape rules
 (:func:`sexpgpu.lang.ops.infer`), so a hand-built graph is typed as a compiled one is.
 """
@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sexpgpu.errors import Pos
-from sexpgpu.graph import (
+from sexpgpu.lang.ir import (
     ChoiceSite,
     DataDecl,
     EvalPass,

@@ -25,7 +25,8 @@ policy) and :mod:`~sexpgpu.checkpoint.describe` (what ``sexpgpu checkpoint``
 shows, as data), :mod:`~sexpgpu.checkpoint.integrity` (CRC32C checksums),
 :mod:`~sexpgpu.checkpoint.schema` (the records' JSON Schemas, bounded JSON) and
 :mod:`~sexpgpu.checkpoint.tidy` (removing what cut-off writes left),
-:mod:`~sexpgpu.checkpoint.checkpointer` (a run's writes, off its step loop, and
+:mod:`~sexpgpu.checkpoint.storage` (what the storage backends behind checkpoint
+locations share), :mod:`~sexpgpu.checkpoint.checkpointer` (a run's writes, off its step loop, and
 retention) and :mod:`~sexpgpu.checkpoint.loads` (the ``:load`` files of a program:
 checked, identified, read). The names below are the layer's public API.
 """

@@ -66,7 +66,7 @@ def open_checkpoint(location: str, open_location: Opener) -> tuple[Storage, str]
     ``<location>/latest`` is the newest complete ``step-<n>`` under it, found by
     listing. Nothing else is read yet.
     """
-    from sexpgpu.storage import scheme_of
+    from sexpgpu.checkpoint.storage import scheme_of
 
     text = location.strip()
     trimmed = text.rstrip("/") or text

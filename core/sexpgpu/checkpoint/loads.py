@@ -28,7 +28,7 @@ from sexpgpu.errors import Pos, SexpError, SourceError, StorageError
 
 if TYPE_CHECKING:
     from sexpgpu.extension import ObjectIdentity, Opener, Storage
-    from sexpgpu.graph import ParamDecl, Program
+    from sexpgpu.lang.ir import ParamDecl, Program
 
 E_CHANGED = "E-LOAD-001"
 """A resume whose ``:load`` file is not the bytes the checkpoint's run read."""

@@ -30,8 +30,8 @@ from sexpgpu.checkpoint.records import (
     is_dotted_path,
 )
 from sexpgpu.checkpoint.schema import load_json
+from sexpgpu.checkpoint.storage import NO_SUCH_LOCATION
 from sexpgpu.errors import CheckpointError, StorageError
-from sexpgpu.storage import NO_SUCH_LOCATION
 
 if TYPE_CHECKING:
     import numpy as np

@@ -5,6 +5,7 @@ how their values are written in messages (as a user writes them in a `.sx` file)
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -15,7 +16,7 @@ from sexpgpu.checkpoint.schema import EXPERIMENT_SCHEMA, STATE_SCHEMA, violation
 from sexpgpu.errors import CheckpointError
 
 if TYPE_CHECKING:
-    from sexpgpu.graph import Program
+    from sexpgpu.lang.ir import Program
 
 # One component of a dotted parameter path: no separators, no whitespace, no
 # control characters; splitting on "." already rules out "" and "..".
@@ -136,6 +137,28 @@ def value_text(value: Any) -> str:
     if isinstance(value, list):
         return "[" + " ".join(value_text(v) for v in value) + "]"
     return str(value)
+
+
+def command_line_knobs(experiment: Mapping[str, Any]) -> tuple[dict[str, str], int | None]:
+    """The knobs a checkpoint's command line set, as ``--set`` takes them, and its
+    ``--steps``: what compiles its program again under the same selection."""
+    sets: dict[str, str] = {}
+    steps = None
+    for knob in experiment.get("knobs", []):
+        if knob.get("source") != "command line":
+            continue
+        if knob["name"] == "steps" and isinstance(knob["value"], int):
+            steps = knob["value"]
+        else:
+            sets[knob["name"]] = _set_text(knob["value"])
+    return sets, steps
+
+
+def _set_text(value: Any) -> str:
+    """A recorded knob value as ``--set`` takes it."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return value if isinstance(value, str) else json.dumps(value)
 
 
 def shape_text(shape: Any) -> str:

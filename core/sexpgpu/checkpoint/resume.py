@@ -19,7 +19,7 @@ from sexpgpu.errors import CheckpointError, SexpError, StorageError
 if TYPE_CHECKING:
     from sexpgpu.checkpoint.read import Loaded
     from sexpgpu.extension import Storage
-    from sexpgpu.graph import Program
+    from sexpgpu.lang.ir import Program
 
 E_DEVICES = "E-DP-002"
 """A resume on another device or node count than the checkpoint's."""

@@ -3,7 +3,7 @@
 Two entry points: :func:`compile_file` for a file on disk and :func:`compile_text`
 for text in hand (tests, tools). Both take the :class:`sexpgpu.catalog.Catalog` of
 what plugins supply (data sources, optimizers, ops, eval metrics, storage schemes),
-and return a checked :class:`sexpgpu.graph.Program` or raise a
+and return a checked :class:`sexpgpu.lang.ir.Program` or raise a
 :class:`sexpgpu.errors.SexpError`. The compiler is a sequence of passes with typed
 results (:mod:`sexpgpu.lang.pipeline` lists them). Nothing here imports torch.
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from sexpgpu.errors import SourceError
-from sexpgpu.graph import Program
+from sexpgpu.lang.ir import Program
 
 if TYPE_CHECKING:
     from sexpgpu.catalog import Catalog

@@ -9,8 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sexpgpu import graph as g
 from sexpgpu.errors import Pos
+from sexpgpu.lang import ir as g
 from sexpgpu.lang.model import Instance
 from sexpgpu.lang.optable import OpTable
 from sexpgpu.lang.text import describe, err

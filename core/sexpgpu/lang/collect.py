@@ -14,8 +14,8 @@ import stat
 from collections.abc import Callable
 from typing import Any
 
-from sexpgpu import graph as g
 from sexpgpu.errors import Pos
+from sexpgpu.lang import ir as g
 from sexpgpu.lang.definitions import (
     CORE_NAME,
     Definitions,

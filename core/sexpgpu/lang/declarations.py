@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from sexpgpu import graph as g
 from sexpgpu.errors import PluginError, Pos, SexpError, SourceError
+from sexpgpu.lang import ir as g
 from sexpgpu.lang.reader import SList, Sym, show
 from sexpgpu.lang.static import Statics
 from sexpgpu.lang.syntax import pick_keywords, relative_to_file, split_args

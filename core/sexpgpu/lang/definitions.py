@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sexpgpu import graph as g
 from sexpgpu.errors import Pos
+from sexpgpu.lang import ir as g
 from sexpgpu.lang.reader import Kw, SList
 
 CORE_NAME = "<core>"

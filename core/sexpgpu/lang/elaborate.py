@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from sexpgpu import graph as g
 from sexpgpu.errors import Pos, SourceError
+from sexpgpu.lang import ir as g
 from sexpgpu.lang.definitions import CORE_NAME, Definitions, LayerDef
 from sexpgpu.lang.defrun import RunForm
 from sexpgpu.lang.knobs import Knobs

@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from sexpgpu import graph as g
 from sexpgpu.errors import Pos, SourceError
+from sexpgpu.lang import ir as g
 from sexpgpu.lang.builder import Builder, Ctx, GraphEnv, T
 from sexpgpu.lang.calls import OpCall, compile_call
 from sexpgpu.lang.model import Instance, Stack, framed

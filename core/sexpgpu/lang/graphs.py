@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sexpgpu import graph as g
 from sexpgpu.errors import Pos
+from sexpgpu.lang import ir as g
 from sexpgpu.lang.builder import Builder, Ctx, GraphEnv, T
 from sexpgpu.lang.expr import ExprCompiler
 from sexpgpu.lang.knobs import Knobs

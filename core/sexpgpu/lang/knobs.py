@@ -9,8 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sexpgpu import graph as g
 from sexpgpu.errors import Pos, UsageError
+from sexpgpu.lang import ir as g
 from sexpgpu.lang.definitions import Definitions, KnobDef
 from sexpgpu.lang.reader import Atom, Sym, show
 from sexpgpu.lang.text import err, listing, suggest

@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sexpgpu import graph as g
 from sexpgpu.errors import Pos, SourceError
+from sexpgpu.lang import ir as g
 from sexpgpu.lang.definitions import CORE_NAME, LayerDef
 from sexpgpu.lang.text import describe
 

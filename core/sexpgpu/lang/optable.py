@@ -8,8 +8,8 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from sexpgpu import graph as g
 from sexpgpu.errors import PluginError, Pos, SourceError
+from sexpgpu.lang import ir as g
 from sexpgpu.lang.ops import BUILTINS, STRUCTURAL, OpSpec
 from sexpgpu.lang.ops import infer as infer_builtin
 from sexpgpu.lang.text import err, listing

@@ -8,8 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sexpgpu import graph as g
 from sexpgpu.errors import PluginError, Pos, SourceError
+from sexpgpu.lang import ir as g
 from sexpgpu.lang.ops import FLOATS
 from sexpgpu.lang.reader import SList, SVec, Sym, show
 from sexpgpu.lang.static import Statics

@@ -6,7 +6,7 @@
 4. ``elaborate`` (:mod:`.elaborate`): the roots -> :class:`Model` (instances, parameters)
 5. ``plan`` (:mod:`.plan`): settings, stages, evals -> :class:`RunPlan`
 6. ``graphs`` (:mod:`.graphs`): the plan over the model -> :class:`Graphs`
-7. ``assemble`` (here): all of it -> the checked :class:`sexpgpu.graph.Program`
+7. ``assemble`` (here): all of it -> the checked :class:`sexpgpu.lang.ir.Program`
 
 A pass raises the first mistake it finds, and the passes after it do not run.
 """
@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from sexpgpu import graph as g
+from sexpgpu.lang import ir as g
 from sexpgpu.lang.collect import collect
 from sexpgpu.lang.definitions import Definitions, SourceText
 from sexpgpu.lang.defrun import read_defrun

@@ -12,8 +12,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sexpgpu import graph as g
 from sexpgpu.errors import Pos
+from sexpgpu.lang import ir as g
 from sexpgpu.lang.declarations import Declarations
 from sexpgpu.lang.definitions import Definitions
 from sexpgpu.lang.defrun import RunForm

@@ -4,8 +4,8 @@ whether or not those plugins have landed. Registered as ``zz-lang-fake`` so a re
 plugin of the same name is found first."""
 
 from sexpgpu.extension import DataSourceInfo, OptimizerInfo
-from sexpgpu.graph import TensorType
 from sexpgpu.hookspecs import hookimpl
+from sexpgpu.lang.ir import TensorType
 
 
 def _tokens(options, seq, batch):

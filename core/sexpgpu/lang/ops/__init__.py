@@ -13,10 +13,17 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sexpgpu.errors import Pos
-from sexpgpu.graph import TensorType
+from sexpgpu.lang.ir import TensorType
 from sexpgpu.lang.ops import elementwise, losses, nn, tensor
 from sexpgpu.lang.ops.elementwise import BINARY, UNARY
 from sexpgpu.lang.ops.implementations import NO_IMPLEMENTATION, implementation_of
+from sexpgpu.lang.ops.kernels import (
+    KERNEL_CALLS,
+    AttentionKernel,
+    Conv2dKernel,
+    StackBody,
+    StackKernel,
+)
 from sexpgpu.lang.ops.spec import (
     FLOATS,
     REQUIRED,
@@ -36,6 +43,11 @@ from sexpgpu.lang.ops.spec import (
 )
 
 __all__ = [
+    "KERNEL_CALLS",
+    "AttentionKernel",
+    "Conv2dKernel",
+    "StackBody",
+    "StackKernel",
     "BINARY",
     "BUILTINS",
     "FLOATS",

@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from sexpgpu import graph as g
 from sexpgpu.errors import Pos
-from sexpgpu.graph import TensorType
+from sexpgpu.lang import ir as g
+from sexpgpu.lang.ir import TensorType
 from sexpgpu.lang.ops.spec import Arg, Call, OpSpec, broadcast, check_float, promote
 from sexpgpu.lang.text import describe, err, listing, suggest
 

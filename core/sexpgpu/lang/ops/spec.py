@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from sexpgpu.errors import Pos, SourceError
-from sexpgpu.graph import TensorType
+from sexpgpu.lang.ir import TensorType
 
 __all__ = [
     "FLOATS",

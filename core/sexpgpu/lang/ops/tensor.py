@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sexpgpu.errors import Pos
-from sexpgpu.graph import TensorType
+from sexpgpu.lang.ir import TensorType
 from sexpgpu.lang.ops.elementwise import all_static, compile_binary
 from sexpgpu.lang.ops.spec import (
     Arg,

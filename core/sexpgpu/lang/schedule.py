@@ -1,10 +1,11 @@
-"""Learning-rate schedules, computed in the core so every lowering agrees to the bit."""
+"""Learning-rate schedules: what a program's ``:schedule`` makes of its rate at each
+step, computed here so every lowering agrees to the bit."""
 
 from __future__ import annotations
 
 import math
 
-from sexpgpu.graph import OptimizerDecl
+from sexpgpu.lang.ir import OptimizerDecl
 
 
 def lr_at(optimizer: OptimizerDecl, step_in_stage: int, stage_steps: int) -> float:

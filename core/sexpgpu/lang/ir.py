@@ -1,4 +1,5 @@
-"""The compiled program: a plain, torch-free data structure that lowerings consume.
+"""The language's IR: the compiled program, a plain, torch-free data structure that
+lowerings consume (docs/ir.md).
 
 The compiler (:mod:`sexpgpu.lang`) turns `.sx` sources into a :class:`Program`
 whose every tensor has a known shape and dtype. A lowering walks its graphs;

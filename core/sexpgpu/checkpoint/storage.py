@@ -1,6 +1,7 @@
-"""What storage backends share: the error codes, URI schemes and bucket locations,
-settings, and redacting credentials from messages. A location is opened by the
-backend that serves its scheme: :meth:`sexpgpu.catalog.Catalog.open_location`."""
+"""What the storage backends behind checkpoint locations share: the error codes, URI
+schemes and bucket locations, settings, and redacting credentials from messages. A
+location is opened by the backend that serves its scheme
+(:meth:`sexpgpu.catalog.Catalog.open_location`)."""
 
 from __future__ import annotations
 
