@@ -15,12 +15,25 @@ plugins are made after this runs, so they are never in the list.
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
+import sys
+import tempfile
 import threading
 import time
 from importlib import metadata
+from pathlib import Path
 
 import pytest
+
+_REPO = str(Path(__file__).resolve().parents[1])
+if _REPO not in sys.path:  # so that `tests.servers` imports however pytest was started
+    sys.path.insert(0, _REPO)
+
+# One moto S3 server and one GCS emulator per worker for the whole suite, whichever
+# folders use them (a conftest importing them again would start servers of its own).
+from tests.servers import gcs_emulator, moto_s3  # noqa: E402,F401
 
 os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
 os.environ.setdefault("NO_GCE_CHECK", "True")
@@ -80,3 +93,109 @@ def _no_thread_left_running():
         if thread.is_alive():
             left.append(thread.name)
     assert not left, f"the test left threads running: {', '.join(sorted(left))}"
+
+
+# ---------------------------------------------------------------- one pytest run, many workers
+
+
+@pytest.fixture(scope="session")
+def run_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder shared by every pytest-xdist worker of this pytest run (the base temp
+    folder the workers' own ones are in), and by this process alone without xdist."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+@pytest.fixture(scope="session")
+def torch_compile_cache(run_folder: Path) -> Path:
+    """The run's one folder of torch compile caches (``TORCHINDUCTOR_CACHE_DIR``: inductor's
+    FX graph cache and AOTAutograd's), shared by every worker: a program compiled once in
+    the run is read back by every later process, whichever worker starts it. torch
+    writes these caches atomically, so concurrent processes may share them."""
+    folder = run_folder / "torch-compile-cache"
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
+# The tests that share a module- or package-scoped fixture (a trained run, a server,
+# a built wheel) run on one worker, so that the fixture is made once in a run rather
+# than once per worker: each worker writes, as it collects, which tests share one
+# (``_shared_fixture_scope``), and the controller's scheduler sends each such group to
+# one worker as a unit and every other test on its own, as `--dist load` does.
+# (pytest-xdist's own ``--dist loadgroup`` cannot be used: it renames the tests
+# through an attribute pytest 9 no longer reads.)
+GROUPS_INPUT = "sexpgpu_test_groups"
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook
+def pytest_configure_node(node) -> None:  # type: ignore[no-untyped-def]
+    """Controller: tell each worker where to write its tests' groups."""
+    node.workerinput[GROUPS_INPUT] = str(_groups_folder(node.config))
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook
+def pytest_xdist_make_scheduler(config: pytest.Config, log):  # type: ignore[no-untyped-def]
+    """Controller: with the default distribution (``load``), schedule by shared fixture."""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    folder = _groups_folder(config)
+
+    class SharedFixtureScheduling(LoadScopeScheduling):
+        groups: dict[str, str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self.groups is None:  # every worker has collected when this is first asked
+                self.groups = {}
+                for written in sorted(folder.glob("*.json")):
+                    self.groups.update(json.loads(written.read_text()))
+            return self.groups.get(nodeid, nodeid)
+
+    return SharedFixtureScheduling(config, log)
+
+
+def _groups_folder(config: pytest.Config) -> Path:
+    folder = getattr(config, "_sexpgpu_groups_folder", None)
+    if folder is None:
+        folder = Path(tempfile.mkdtemp(prefix="pytest-groups-"))
+        config._sexpgpu_groups_folder = folder  # type: ignore[attr-defined]
+        config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
+    return folder
+
+
+@pytest.hookimpl(trylast=True)  # the final list of tests
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Worker: write which tests share a module- or package-scoped fixture."""
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is None or GROUPS_INPUT not in workerinput:
+        return
+    groups = {}
+    for item in items:
+        group = _shared_fixture_scope(item)
+        if group is not None:
+            groups[item.nodeid] = f"shared:{group}"
+    target = Path(workerinput[GROUPS_INPUT]) / f"{workerinput['workerid']}.json"
+    partial = target.with_suffix(".partial")
+    partial.write_text(json.dumps(groups))
+    os.replace(partial, target)
+
+
+def _shared_fixture_scope(item: pytest.Item) -> str | None:
+    """The package (a package-scoped fixture) or module (a module-scoped one) whose
+    fixture ``item`` uses, if any."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return None
+    module = item.nodeid.split("::")[0]
+    group = None
+    for name in item.fixturenames:
+        defs = info.name2fixturedefs.get(name)
+        if not defs:
+            continue
+        scope = defs[-1].scope
+        if scope == "package":
+            return defs[-1].baseid or module
+        if scope == "module":
+            group = module
+    return group

@@ -3,9 +3,8 @@ byte-counting TCP forwarder.
 
 Each server is a subprocess on 127.0.0.1 at a free port, stopped by its PID. The
 session-scoped fixtures (``moto_s3``, ``gcs_emulator``) start one server for the whole
-test session; import them into a ``conftest.py``::
-
-    from tests.servers import gcs_emulator, moto_s3  # noqa: F401
+test session (per xdist worker): ``tests/conftest.py`` imports them once for every
+folder. A conftest or module that imports them again gets servers of its own.
 
 Function-scoped helpers (``s3_env``, ``gcs_env``) point boto3 / google-cloud-storage at
 them through the standard environment variables, with throwaway credentials.

@@ -16,7 +16,7 @@ _REPO = str(Path(__file__).resolve().parents[2])
 if _REPO not in sys.path:  # so that `tests.servers` imports however pytest was started
     sys.path.insert(0, _REPO)
 
-from tests.servers import moto_s3, new_bucket_name, s3_env  # noqa: E402,F401
+from tests.servers import new_bucket_name, s3_env  # noqa: E402,F401
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import google_crc32c
@@ -18,16 +17,18 @@ from sexpgpu import checkpoint as ckpt
 from sexpgpu.checkpoint.storage import redact
 from sexpgpu.errors import CheckpointError, StorageError
 from sexpgpu.metrics import new_slug
+from tests import inprocess
 from tests.catalogs import open_location
 
 from .helpers import write
 
-SEXPGPU = str(Path(sys.executable).parent / "sexpgpu")
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 def _sexpgpu(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([SEXPGPU, *args], capture_output=True, text=True, env=ENV, timeout=120)
+    """`sexpgpu ARGS` (a command that trains nothing) in this process: tests/inprocess.py;
+    tests/checkpoint/test_cli.py runs the console script."""
+    return inprocess.sexpgpu(*args, env=ENV)
 
 
 # ------------------------------------------------------------------ checksums

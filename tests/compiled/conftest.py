@@ -1,10 +1,11 @@
 """Fixtures of the compiled lowering's tests.
 
 torch.compile costs tens of seconds per program on a small CPU, so every test here
-shares one folder of torch's compile caches (``TORCHINDUCTOR_CACHE_DIR``, which
-holds inductor's FX graph cache and AOTAutograd's): a program compiled once in the
-session is read back from there by every later process. The compiling itself runs
-in `sexpgpu` subprocesses only (its worker threads would outlive a test).
+compiles into the pytest run's one folder of torch's compile caches
+(``TORCHINDUCTOR_CACHE_DIR``, tests/conftest.py's ``torch_compile_cache``, shared by
+every xdist worker): a program compiled once in the run is read back from there by
+every later process. The compiling itself runs in `sexpgpu` subprocesses only (its
+worker threads would outlive a test).
 """
 
 from __future__ import annotations
@@ -17,15 +18,9 @@ from tests.e2e.helpers import run_sexpgpu, sexpgpu_env
 
 
 @pytest.fixture(scope="session")
-def compile_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The session's one folder of torch compile caches."""
-    return tmp_path_factory.mktemp("torch-compile-cache")
-
-
-@pytest.fixture(scope="session")
-def compiled_env(compile_cache: Path) -> dict[str, str]:
-    """The environment of a `sexpgpu` subprocess that compiles into the session's caches."""
-    return sexpgpu_env(TORCHINDUCTOR_CACHE_DIR=str(compile_cache))
+def compiled_env(torch_compile_cache: Path) -> dict[str, str]:
+    """The environment of a `sexpgpu` subprocess that compiles into the run's caches."""
+    return sexpgpu_env(TORCHINDUCTOR_CACHE_DIR=str(torch_compile_cache))
 
 
 def run_named(folder: Path, env: dict[str, str], file: str, name: str, *args: str):

@@ -55,7 +55,10 @@ TWO, FOUR = "step-00000002", "step-00000004"
 PROBE = Path(__file__).with_name("recompute_probe.py")
 
 # the module compiles a program once cold (tens of seconds on 2 cores)
-pytestmark = pytest.mark.slow
+# The module's runs are made by its first test's setup: several processes each
+# allowed 600 s (tests/compiled/conftest.run_named); the suite's 300 s per test would
+# cut them off on a loaded machine (it did: a setup timed out at 300 s).
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 
 def _run(folder: Path, env: dict[str, str], name: str, *args: str):

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tests import inprocess
+
 SEXPGPU = str(Path(sys.executable).with_name("sexpgpu"))
 
 MODEL = """(defmodel net (vocab dim)
@@ -23,11 +25,19 @@ RUN = """(defrun r :model (net 256 8) :data train
 """
 
 
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("SEXPGPU_")}
+
+
 def sexpgpu(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SEXPGPU_")}
     return subprocess.run(
-        [SEXPGPU, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
+        [SEXPGPU, *args], cwd=cwd, env=_env(), capture_output=True, text=True, timeout=120
     )
+
+
+def in_process(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """A command that trains nothing (`check`), in this process: tests/inprocess.py."""
+    return inprocess.sexpgpu(*args, cwd=cwd, env=_env())
 
 
 def test_a_relative_path_is_relative_to_the_sx_file_not_the_working_folder(tmp_path) -> None:
@@ -39,7 +49,7 @@ def test_a_relative_path_is_relative_to_the_sx_file_not_the_working_folder(tmp_p
     )
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    r = sexpgpu("check", "../project/run.sx", cwd=elsewhere)
+    r = in_process("check", "../project/run.sx", cwd=elsewhere)
     assert r.returncode == 0, r.stderr
     r = sexpgpu("run", str(project / "run.sx"), cwd=elsewhere)
     assert r.returncode == 0, r.stderr
@@ -48,7 +58,7 @@ def test_a_relative_path_is_relative_to_the_sx_file_not_the_working_folder(tmp_p
     # a file of that name in the working folder is not the one read
     (elsewhere / "data").mkdir()
     (elsewhere / "data" / "corpus.txt").write_text("x")
-    assert sexpgpu("check", "../project/run.sx", cwd=elsewhere).returncode == 0
+    assert in_process("check", "../project/run.sx", cwd=elsewhere).returncode == 0
 
 
 def test_paths_in_an_included_file_are_relative_to_it(tmp_path) -> None:
@@ -65,7 +75,7 @@ def test_paths_in_an_included_file_are_relative_to_it(tmp_path) -> None:
         "(defrun r :model (net) :data train :loss (cross-entropy (model inputs) targets)\n"
         "  :optimizer (sgd :lr 0.1) :steps 1)\n"
     )
-    r = sexpgpu("check", "run.sx", cwd=tmp_path)
+    r = in_process("check", "run.sx", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
 
 
@@ -75,7 +85,7 @@ def test_a_missing_file_is_named_where_it_was_looked_for(tmp_path) -> None:
     (sub / "run.sx").write_text(
         MODEL + '(defdata train (tokens :path "train.bin") :seq 8 :batch 2)\n' + RUN
     )
-    r = sexpgpu("check", "sub/run.sx", cwd=tmp_path)
+    r = in_process("check", "sub/run.sx", cwd=tmp_path)
     assert r.returncode == 1
     assert r.stderr.startswith("sub/run.sx:5:"), r.stderr
     assert "no such file 'sub/train.bin'" in r.stderr
@@ -89,4 +99,4 @@ def test_an_absolute_path_is_kept_as_written(tmp_path) -> None:
     (sub / "run.sx").write_text(
         MODEL + f"(defdata train (text :path {json.dumps(str(corpus))}) :seq 8 :batch 2)\n" + RUN
     )
-    assert sexpgpu("check", "sub/run.sx", cwd=tmp_path).returncode == 0
+    assert in_process("check", "sub/run.sx", cwd=tmp_path).returncode == 0

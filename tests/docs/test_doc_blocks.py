@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from sexpgpu.lang.reader import read
+from tests import inprocess
 
 ROOT = Path(__file__).resolve().parents[2]
 SEXPGPU = str(Path(sys.executable).with_name("sexpgpu"))
@@ -53,19 +54,23 @@ def blocks() -> list[tuple[str, str, str]]:
 BLOCKS = blocks()
 
 
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("SEXPGPU_")}
+
+
 def sexpgpu(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SEXPGPU_")}
     return subprocess.run(
-        [SEXPGPU, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120
+        [SEXPGPU, *args], cwd=cwd, env=_env(), capture_output=True, text=True, timeout=120
     )
 
 
 def check(text: str, folder: Path) -> None:
+    """`sexpgpu check` of ``text``, in this process (it trains nothing: tests/inprocess.py)."""
     for name, data in DOC_FILES.items():
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
         (folder / name).write_bytes(data)
     (folder / "block.sx").write_text(text)
-    r = sexpgpu("check", "block.sx", cwd=folder)
+    r = inprocess.sexpgpu("check", "block.sx", cwd=folder, env=_env())
     assert r.returncode == 0, f"{r.stderr}\n--- block.sx:\n{text}"
 
 

@@ -34,6 +34,15 @@ def run_sexpgpu(*args: str, cwd: Path, env: dict[str, str] | None = None, timeou
     )
 
 
+def sexpgpu_in_process(*args: object, cwd: Path, env: dict[str, str] | None = None):
+    """`sexpgpu ARGS` for a command that trains nothing (``check``, ``checkpoint``,
+    ``runs``, ``report``...), run in this process (tests/inprocess.py): what
+    :func:`run_sexpgpu` returns, without a process's start-up."""
+    from tests import inprocess
+
+    return inprocess.sexpgpu(*args, cwd=cwd, env=env or sexpgpu_env())
+
+
 def start_sexpgpu(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
     """Start `sexpgpu ARGS` in the background (its own process group)."""
     return subprocess.Popen(

@@ -1,6 +1,6 @@
-"""Damaged and forged checkpoints, each through `sexpgpu run --resume latest`,
-`sexpgpu run --resume DIR` and `sexpgpu checkpoint DIR`, in subprocesses, on a local
-folder: every one is refused with one line and its code (or, for `sexpgpu checkpoint`,
+"""Damaged and forged checkpoints, each through `sexpgpu run --resume latest` and
+`sexpgpu run --resume DIR` in subprocesses, and `sexpgpu checkpoint DIR` (which trains
+nothing) in this process (tests/inprocess.py), on a local folder: every one is refused with one line and its code (or, for `sexpgpu checkpoint`,
 which reads only headers, shown with its disagreements flagged), never a traceback,
 never a fresh start, and nothing is written anywhere.
 
@@ -22,7 +22,7 @@ from pathlib import Path
 import google_crc32c
 import pytest
 
-from tests.e2e.helpers import events, experiments, run_sexpgpu, step_dirs
+from tests.e2e.helpers import events, experiments, run_sexpgpu, sexpgpu_in_process, step_dirs
 
 from .kit import RESUME_RUN as RUN
 from .kit import error_line
@@ -259,7 +259,7 @@ def test_a_resume_from_a_damaged_checkpoint_is_refused_and_writes_nothing(workdi
 def test_sexpgpu_checkpoint_refuses_or_flags_a_damaged_checkpoint(workdir, damage):
     spoil, _, expected = DAMAGE[damage]
     spoil(workdir)
-    done = run_sexpgpu("checkpoint", str(STEP4), cwd=workdir, timeout=60)
+    done = sexpgpu_in_process("checkpoint", str(STEP4), cwd=workdir)
     assert "Traceback" not in done.stderr
     assert "\x1b" not in done.stdout + done.stderr
     if expected is None:  # the damage is in bytes `checkpoint` does not read
@@ -277,7 +277,7 @@ def test_sexpgpu_checkpoint_refuses_or_flags_a_damaged_checkpoint(workdir, damag
 
 def test_flagged_lines_are_escaped_and_name_each_disagreement(workdir):
     _header(workdir / P, lambda h: h.update({"\x1b[2Jmodel.x\nforged": h.pop("model.embed")}))
-    done = run_sexpgpu("checkpoint", str(STEP4), cwd=workdir, timeout=60)
+    done = sexpgpu_in_process("checkpoint", str(STEP4), cwd=workdir)
     assert done.returncode == 1
     assert "\x1b" not in done.stdout and "\nforged" not in done.stdout
     flagged = [line for line in done.stdout.splitlines() if line.startswith("!")]
@@ -326,7 +326,7 @@ def test_leftovers_of_a_cut_off_write_are_removed_by_the_next_checkpoint(workdir
     (ckpt / "step-00000005" / "params.safetensors").write_bytes(b"cut off" * 100)
     (ckpt / "step-00000005" / ".sexpgpu-tmp-states.safetensors-0badcafe").write_bytes(b"x")
     (ckpt / "step-00000004" / ".sexpgpu-tmp-params.safetensors-0badcafe").write_bytes(b"x")
-    listed = run_sexpgpu("checkpoint", "ckpt", cwd=workdir, timeout=60)
+    listed = sexpgpu_in_process("checkpoint", "ckpt", cwd=workdir)
     assert listed.returncode == 0, listed.stderr
     assert [line.split()[:2] for line in listed.stdout.splitlines()[2:]] == [
         ["2", "yes"],

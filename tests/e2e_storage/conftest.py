@@ -12,11 +12,7 @@ import pytest
 
 from tests.e2e.helpers import EXAMPLES
 from tests.e2e_storage.buckets import Bucket, gcs_admin_client, s3_admin_client
-from tests.servers import (  # noqa: F401
-    gcs_emulator,
-    moto_s3,
-    new_bucket_name,
-)
+from tests.servers import new_bucket_name
 
 SCHEMES = ["s3", "gs"]
 
@@ -30,7 +26,7 @@ def workdir(tmp_path: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def s3_bucket_name(moto_s3) -> str:  # noqa: F811
+def s3_bucket_name(moto_s3) -> str:
     """A bucket on the session's moto server, shared (each test uses its own prefix)."""
     name = new_bucket_name("sx-e2e")
     s3_admin_client(moto_s3.url).create_bucket(Bucket=name)
@@ -38,7 +34,7 @@ def s3_bucket_name(moto_s3) -> str:  # noqa: F811
 
 
 @pytest.fixture(scope="session")
-def gcs_bucket_name(gcs_emulator) -> str:  # noqa: F811
+def gcs_bucket_name(gcs_emulator) -> str:
     """A bucket on the session's GCS emulator, shared (each test uses its own prefix)."""
     name = new_bucket_name("sx-e2e")
     gcs_admin_client(gcs_emulator.url).create_bucket(name)
@@ -58,6 +54,6 @@ def bucket(request, tmp_path_factory) -> Bucket:
 
 
 @pytest.fixture(scope="session")
-def s3(moto_s3, s3_bucket_name, tmp_path_factory) -> Bucket:  # noqa: F811
+def s3(moto_s3, s3_bucket_name, tmp_path_factory) -> Bucket:
     """The shared S3 bucket only."""
     return Bucket("s3", s3_bucket_name, moto_s3.url, tmp_path_factory.mktemp("home"))

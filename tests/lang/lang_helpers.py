@@ -109,3 +109,11 @@ def sexpgpu(*args: str, cwd: Path = ROOT, timeout: float = 120) -> subprocess.Co
     return subprocess.run(
         [exe, *args], cwd=cwd, env=cli_env(), capture_output=True, text=True, timeout=timeout
     )
+
+
+def in_process(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    """``sexpgpu args...`` for a command that trains nothing (``check``, ``compile``), in
+    this process with :func:`sexpgpu`'s environment: tests/inprocess.py."""
+    from tests import inprocess
+
+    return inprocess.sexpgpu(*args, cwd=cwd, env=cli_env())

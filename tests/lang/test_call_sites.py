@@ -1,9 +1,10 @@
 """An error inside a `<core>` layer names the user's call site first, at every
-nesting level, on one line (docs/language.md, "Syntax"): `sexpgpu check` as a user runs it."""
+nesting level, on one line (docs/language.md, "Syntax"): `sexpgpu check` as a user runs it
+(its entry point, in this process: tests/inprocess.py)."""
 
 from __future__ import annotations
 
-from lang_helpers import sexpgpu
+from lang_helpers import in_process
 
 TAIL = """(defdata d (arithmetic :digits 1) :seq 8 :batch 2)
 (defrun r :model (net 16 8) :data d :loss (sum (model inputs)) :optimizer (sgd :lr 0.1)
@@ -15,7 +16,7 @@ def _check(tmp_path, model: str, files: dict[str, str] | None = None) -> str:
     (tmp_path / "my.sx").write_text(model + TAIL)
     for name, text in (files or {}).items():
         (tmp_path / name).write_text(text)
-    r = sexpgpu("check", "my.sx", cwd=tmp_path)
+    r = in_process("check", "my.sx", cwd=tmp_path)
     assert r.returncode == 1, r.stdout
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
     return r.stderr.strip()

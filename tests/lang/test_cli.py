@@ -1,4 +1,6 @@
-"""`sexpgpu check` and `sexpgpu compile` run as a user runs them."""
+"""`sexpgpu check` and `sexpgpu compile` run as a user runs them: the console script in
+a subprocess (``sexpgpu``), or, where a process adds nothing, its entry point in this
+one (``in_process``, tests/inprocess.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,8 @@ from pathlib import Path
 
 from lang_helpers import EXAMPLES, ROOT, cli_env
 
+from tests import inprocess
+
 SEXPGPU = str(Path(sys.executable).with_name("sexpgpu"))
 
 
@@ -15,6 +19,10 @@ def sexpgpu(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     return subprocess.run(
         [SEXPGPU, *args], cwd=cwd, env=cli_env(), capture_output=True, text=True, timeout=120
     )
+
+
+def in_process(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    return inprocess.sexpgpu(*args, cwd=cwd, env=cli_env())
 
 
 def test_check_lists_parameters_and_total():
@@ -29,7 +37,7 @@ def test_check_lists_parameters_and_total():
 
 
 def test_check_with_knobs_and_variant():
-    r = sexpgpu(
+    r = in_process(
         "check", "examples/tiny-lm.sx", "--variant", "wide", "--set", "layers=1", "--steps", "10"
     )
     assert r.returncode == 0, r.stderr
@@ -43,14 +51,14 @@ def test_check_with_knobs_and_variant():
 
 
 def test_compile_shows_the_graph():
-    r = sexpgpu("compile", "examples/tiny-lm.sx", "--show", "graph")
+    r = in_process("compile", "examples/tiny-lm.sx", "--show", "graph")
     assert r.returncode == 0, r.stderr
     out = r.stdout
     assert "stage main: 200 steps on train" in out
     assert "= repeat %" in out and "[stack:model.blocks]" in out
     assert "attention" in out and "[attention:model.blocks.attn]" in out
     assert "-> loss %" in out and "eval probe" in out
-    r = sexpgpu("compile", "examples/my-run.sx", "--show", "all")
+    r = in_process("compile", "examples/my-run.sx", "--show", "all")
     assert r.returncode == 0, r.stderr
     for section in ("== graph", "== params", "== knobs", "== sources", "== sites"):
         assert section in r.stdout
@@ -80,22 +88,22 @@ def test_malformed_file(tmp_path):
 
 
 def test_usage_errors_exit_2():
-    r = sexpgpu("check", "examples/my-run.sx", "--set", "lr=fast")
+    r = in_process("check", "examples/my-run.sx", "--set", "lr=fast")
     assert r.returncode == 2
     assert (
         r.stderr.strip()
         == "sexpgpu check: --set lr=fast: knob 'lr' takes a number (its default is 0.5)"
     )
-    r = sexpgpu("check", "examples/my-run.sx", "--set", "nope")
+    r = in_process("check", "examples/my-run.sx", "--set", "nope")
     assert r.returncode == 2 and "--set takes name=value, got 'nope'" in r.stderr
-    r = sexpgpu("check", "examples/my-run.sx", "--variant", "big")
+    r = in_process("check", "examples/my-run.sx", "--variant", "big")
     assert r.returncode == 2 and "unknown variant 'big'; variants: none" in r.stderr
-    r = sexpgpu("check", "examples/my-run.sx", "--steps", "many")
+    r = in_process("check", "examples/my-run.sx", "--steps", "many")
     assert r.returncode == 2 and "Traceback" not in r.stderr
 
 
 def test_missing_file():
-    r = sexpgpu("check", "examples/nope.sx")
+    r = in_process("check", "examples/nope.sx")
     assert r.returncode == 1
     assert (
         r.stderr.strip() == "sexpgpu check: cannot read examples/nope.sx: No such file or directory"

@@ -3,13 +3,14 @@ a positioned SexpError; the compiler never fails with a Python error."""
 
 from __future__ import annotations
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 from lang_helpers import EXAMPLES, compile_text
 
 from sexpgpu.errors import SexpError, SourceError
 from sexpgpu.lang.ir import Program
 from sexpgpu.lang.reader import read
+from tests.properties import budget
 
 TEXTS = {p.name: p.read_text() for p in sorted(EXAMPLES.glob("*.sx"))}
 TOKENS = [
@@ -117,32 +118,32 @@ def token_words(draw):
     return name, " ".join(words)
 
 
-FUZZ = settings(
-    max_examples=1200, deadline=None, suppress_health_check=list(HealthCheck), database=None
-)
+# Cases per suite run, each property's time budget (tests/properties.py): about 5 s
+# of one core on the project's machine.
+ANY_HEALTH = {"suppress_health_check": list(HealthCheck)}
 
 
-@FUZZ
+@budget(350, **ANY_HEALTH)
 @given(mutated())
 def test_mutated_examples(case):
     name, text = case
     _check(text, name)
 
 
-@FUZZ
+@budget(450, **ANY_HEALTH)
 @given(token_words())
 def test_word_mutations(case):
     name, text = case
     _check(text, name)
 
 
-@settings(max_examples=500, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+@budget(500, **ANY_HEALTH)
 @given(st.lists(st.sampled_from(TOKENS), max_size=40).map(" ".join))
 def test_token_soup(text):
     _check("(defknob dim 2)\n(defknob x 1)\n" + text)
 
 
-@settings(max_examples=500, deadline=None, database=None)
+@budget(500)
 @given(st.text(max_size=60))
 def test_reader_on_any_text(text):
     try:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from lang_helpers import sexpgpu
+from lang_helpers import in_process, sexpgpu
 
 # op -> the forward expression over params a (the first dtype) and the rest (the second)
 EXPRS = {
@@ -47,7 +47,7 @@ def _program(first: str, second: str) -> str:
 @pytest.mark.parametrize("first,second", [("bf16", "f32"), ("f32", "bf16")])
 def test_every_op_on_mixed_dtypes_checks_and_trains(tmp_path, first, second) -> None:
     (tmp_path / "mixed.sx").write_text(_program(first, second))
-    r = sexpgpu("check", "mixed.sx", cwd=tmp_path)
+    r = in_process("check", "mixed.sx", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert ["model.a", "[3,", "4]", first] in [line.split()[:4] for line in r.stdout.splitlines()]
     r = sexpgpu("run", "mixed.sx", "--checkpoint-dir", "ck", cwd=tmp_path)
@@ -66,7 +66,7 @@ def test_a_dtype_torch_cannot_combine_is_refused_at_check_time_with_its_place(tm
         "(defrun r :model (net 16 4) :data d :loss (sum (model inputs))\n"
         "  :optimizer (sgd :lr 0.1) :steps 1)\n"
     )
-    r = sexpgpu("check", "bad.sx", cwd=tmp_path)
+    r = in_process("check", "bad.sx", cwd=tmp_path)
     assert r.returncode == 1
     assert r.stderr.startswith("bad.sx:3:21: take: "), r.stderr
     assert len(r.stderr.strip().splitlines()) == 1

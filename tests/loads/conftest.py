@@ -17,7 +17,6 @@ from tests.e2e_storage.conftest import (  # noqa: E402,F401
     s3,
     s3_bucket_name,
 )
-from tests.servers import gcs_emulator, moto_s3  # noqa: E402,F401
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from tests.e2e.helpers import assert_same_tensors
+from tests.e2e.helpers import assert_same_tensors, sexpgpu_in_process
 
 from .helpers import experiment, head_tensors, run_sexpgpu, said, teacher_tensors, write_project
 
@@ -83,7 +83,7 @@ def test_a_trainable_parameter_starts_from_its_file(trained: Path) -> None:
 
 
 def test_sexpgpu_checkpoint_prints_the_loaded_section(trained: Path) -> None:
-    done = run_sexpgpu("checkpoint", "ckpt/step-00000004", cwd=trained)
+    done = sexpgpu_in_process("checkpoint", "ckpt/step-00000004", cwd=trained)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     start = lines.index("loaded")
@@ -225,7 +225,9 @@ def test_bad_load_input_is_one_line_with_a_code_and_the_position(
 ) -> None:
     write_project(tmp_path, **change)
     where = ["--checkpoint-dir", "ckpt"] if command == "run" else []
-    done = run_sexpgpu(command, "loads.sx", *where, cwd=tmp_path)
+    # `run` trains, so a process of its own; `check` trains nothing: this one
+    sexpgpu = run_sexpgpu if command == "run" else sexpgpu_in_process
+    done = sexpgpu(command, "loads.sx", *where, cwd=tmp_path)
     assert done.returncode == 1
     (line,) = said(done.stderr)
     # the .sx position of the parameter, then the code (check prints source errors bare)
@@ -239,7 +241,7 @@ def test_a_truncated_file_is_refused_before_any_step(tmp_path: Path) -> None:
     write_project(tmp_path)
     data = (tmp_path / "teacher.safetensors").read_bytes()
     (tmp_path / "teacher.safetensors").write_bytes(data[:-64])
-    checked = run_sexpgpu("check", "loads.sx", cwd=tmp_path)
+    checked = sexpgpu_in_process("check", "loads.sx", cwd=tmp_path)
     assert checked.returncode == 0, checked.stderr  # check reads headers only
     done = run_sexpgpu("run", "loads.sx", "--checkpoint-dir", "ckpt", cwd=tmp_path)
     assert done.returncode == 1
@@ -253,7 +255,7 @@ def test_a_truncated_file_is_refused_before_any_step(tmp_path: Path) -> None:
 
 def test_check_lists_what_each_parameter_is_read_from(tmp_path: Path) -> None:
     write_project(tmp_path)
-    done = run_sexpgpu("check", "loads.sx", cwd=tmp_path)
+    done = sexpgpu_in_process("check", "loads.sx", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "load teacher.head.weight from teacher.safetensors" in done.stdout
     assert "load lm_head.weight from head.safetensors" in done.stdout

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from sexpgpu_report.series import read_events, series_of
-from tests.e2e.helpers import run_sexpgpu
+from tests.e2e.helpers import run_sexpgpu, sexpgpu_in_process
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 BROWSER_ARGS = [
@@ -153,13 +153,15 @@ def test_pngs_have_their_size_and_something_drawn(resumed_report):
 @pytest.mark.slow  # the runs of the gallery: about 25 s on 2 cores
 def test_report_of_runs_in_every_state_and_of_no_run(gallery):
     for what, shown in (("gone", "running (process gone)"), ("failed", "step 1: the proposed")):
-        made = run_sexpgpu(
+        made = sexpgpu_in_process(
             "report", gallery.slugs[what], "--metrics-dir", gallery.metrics, cwd=gallery.root
         )
         assert made.returncode == 0, made.stderr
         page = (gallery.folder(what) / "report" / "index.html").read_text()
         assert shown in page and "http-equiv" not in page, what
-    missing = run_sexpgpu("report", "nope", "--metrics-dir", gallery.metrics, cwd=gallery.root)
+    missing = sexpgpu_in_process(
+        "report", "nope", "--metrics-dir", gallery.metrics, cwd=gallery.root
+    )
     assert missing.returncode == 1
     assert missing.stderr.strip().splitlines() == [
         f"sexpgpu report: E-REPORT-002: no run 'nope': neither a run folder nor a slug under "

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from sexpgpu_report.listing import TAIL_FIRST, process_state, scan_tail
-from tests.e2e.helpers import events, run_sexpgpu
+from tests.e2e.helpers import events, run_sexpgpu, sexpgpu_in_process
 
 
 def _last(run_events: list[dict], name: str) -> float:
@@ -21,7 +21,9 @@ def _last(run_events: list[dict], name: str) -> float:
 
 @pytest.mark.slow  # the runs of the gallery: about 25 s on 2 cores
 def test_runs_lists_every_state_newest_first(gallery):
-    listed = run_sexpgpu("runs", "--json", "--metrics-dir", gallery.metrics, cwd=gallery.root)
+    listed = sexpgpu_in_process(
+        "runs", "--json", "--metrics-dir", gallery.metrics, cwd=gallery.root
+    )
     assert listed.returncode == 0, listed.stderr
     rows = json.loads(listed.stdout)
     by_slug = {row["slug"]: row for row in rows}
@@ -64,7 +66,7 @@ def test_runs_lists_every_state_newest_first(gallery):
         "alive",
     )
 
-    table = run_sexpgpu("runs", "--metrics-dir", gallery.metrics, cwd=gallery.root)
+    table = sexpgpu_in_process("runs", "--metrics-dir", gallery.metrics, cwd=gallery.root)
     assert table.returncode == 0, table.stderr
     header, *lines = table.stdout.splitlines()
     assert header.split()[:5] == ["SLUG", "STATE", "STEP", "LOSS", "EVAL"]

@@ -12,9 +12,7 @@ if _REPO not in sys.path:  # so that `tests.servers` imports however pytest was 
     sys.path.insert(0, _REPO)
 
 from tests.servers import (  # noqa: E402,F401
-    gcs_emulator,
     gcs_env,
-    moto_s3,
     new_bucket_name,
     s3_env,
     unique_prefix,
@@ -22,7 +20,7 @@ from tests.servers import (  # noqa: E402,F401
 
 
 @pytest.fixture(scope="session")
-def s3_bucket(moto_s3) -> str:  # noqa: F811
+def s3_bucket(moto_s3) -> str:
     """A bucket on the session's moto server, shared by the tests (each uses its own prefix)."""
     import boto3
 
@@ -39,7 +37,7 @@ def s3_bucket(moto_s3) -> str:  # noqa: F811
 
 
 @pytest.fixture(scope="session")
-def gcs_bucket(gcs_emulator) -> str:  # noqa: F811
+def gcs_bucket(gcs_emulator) -> str:
     """A bucket on the session's GCS emulator, shared by the tests (each uses its own prefix)."""
     from google.auth.credentials import AnonymousCredentials
     from google.cloud import storage
