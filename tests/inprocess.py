@@ -16,8 +16,7 @@ What a fresh process would have is given to each call and taken back after it:
   current ``sys.stdout``/``sys.stderr``), warnings printed to stderr as Python's
   default filters print them, and an uncaught exception printed as its traceback
   with exit code 1, as the interpreter would;
-- the signals: ``main(argv)`` hands them back when it returns; a command that
-  raised is made to hand them back too;
+- the signals: ``main(argv)`` hands them back however the command ends;
 - process-wide caches of the product: see :func:`_fresh_process_state`, the one
   place that knows them.
 
@@ -167,8 +166,8 @@ def _fresh_process_state() -> Iterator[None]:
       set) and the name of the command last invoked (what an error line says).
     - ``sexpgpu.log`` and ``sexpgpu_cli.logstream``: structlog's configuration, set by
       the CLI for the process, and where the CLI's log lines go.
-    - ``sexpgpu.signals``: the console script's signal watch, which a command that
-      raised (a bug) leaves installed.
+    - ``sexpgpu.signals``: the console script's signal watch, uninstalled should a
+      call ever leave it in place.
     """
     import structlog
 

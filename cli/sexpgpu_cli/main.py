@@ -22,30 +22,38 @@ def main(argv: list[str] | None = None) -> None:
     watch = watch_process()  # first thing: nothing heavy is imported yet
     args = sys.argv[1:] if argv is None else list(argv)
     try:
-        if argv is None and _start_swallowed_an_interrupt():
+        code = _command(watch, args, console=argv is None)
+    finally:
+        watch.ended()
+        if argv is None:  # the console script: the process is this command's to its end
+            watch.hold_until_exit()
+        else:  # called from Python: the caller gets its signals back, even after a bug
+            watch.uninstall()
+    if code not in (0, None):
+        sys.exit(code)
+
+
+def _command(watch: StopWatch, args: list[str], *, console: bool) -> int | str | None:
+    """Run the command ``args`` name; its exit status, or the signal's when one came
+    before the command could handle it. A bug keeps its traceback."""
+    try:
+        if console and _start_swallowed_an_interrupt():
             raise KeyboardInterrupt
         watch.interrupt_if_stopping()
         from sexpgpu_cli.group import invoke
         from sexpgpu_cli.options import hoist_root_options
 
         args = hoist_root_options(args)
-        code = invoke(args)
+        return invoke(args)
     except Interrupted:
-        code = _interrupted_before_the_command_ended(watch, args)
+        return _interrupted_before_the_command_ended(watch, args)
     except KeyboardInterrupt:  # raised by something else than our handler
         watch.ended()
-        code = _report(args, "SIGINT", 2)
+        return _report(args, "SIGINT", 2)
     except Exception as error:
         if interruption(error) is None:
             raise
-        code = _interrupted_before_the_command_ended(watch, args)
-    watch.ended()
-    if argv is None:  # the console script: the process is this command's to its end
-        watch.hold_until_exit()
-    else:  # called from Python: the caller gets its signals back
-        watch.uninstall()
-    if code not in (0, None):
-        sys.exit(code)
+        return _interrupted_before_the_command_ended(watch, args)
 
 
 def _start_swallowed_an_interrupt() -> bool:

@@ -198,3 +198,21 @@ def test_run_called_as_a_library_gives_the_signals_back(tmp_path):
     result = run_python(LIBRARY.format(example=str(example)), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stdout == "0 2\n"
+
+
+def test_the_console_entry_called_from_python_gives_the_signals_back_after_a_bug(monkeypatch):
+    """``main(argv)`` hands the signals, the wakeup pipe and its thread back however the
+    command ends, a bug's exception included (it keeps its traceback)."""
+    import sexpgpu_cli.group as group
+    from sexpgpu_cli.main import main
+
+    def bug(args):
+        raise RuntimeError("a bug in a command")
+
+    monkeypatch.setattr(group, "invoke", bug)
+    before = {signum: signal.getsignal(signum) for signum in HANDLED}
+    with pytest.raises(RuntimeError, match="a bug in a command"):
+        main(["check", "x.sx"])
+    assert {signum: signal.getsignal(signum) for signum in HANDLED} == before
+    assert signal.set_wakeup_fd(-1) == -1
+    assert "sexpgpu-signals" not in {t.name for t in threading.enumerate()}
