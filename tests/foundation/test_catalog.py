@@ -49,7 +49,7 @@ def test_a_hand_made_catalog_has_what_it_was_given_and_nothing_else(no_entry_poi
     catalog = Catalog.of(OURS)
     assert [r.name for r in catalog.records] == sorted(OURS)
     assert all(r.available and r.distribution == "sexpgpu" for r in catalog.records)
-    assert {info.name for info in catalog.lowerings()} == {"torch"}
+    assert {info.name for info in catalog.lowerings()} == {"torch", "compiled"}
     assert sorted(catalog.optimizers()) == ["adam", "adamw", "sgd"]
     with pytest.raises(PluginError, match=r"no installed plugin supplies the location s3://b/r"):
         catalog.open_location("s3://b/r")
