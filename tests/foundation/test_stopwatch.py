@@ -118,6 +118,46 @@ def test_the_command_ends_as_the_signal_says_when_an_import_wraps_it(tmp_path):
     assert result.stderr == "sexpgpu run: interrupted by SIGINT at step 0\n"
 
 
+def test_an_interrupt_python_drops_is_neither_printed_nor_lost(tmp_path):
+    # A signal landing in a weakref callback an import's module lock sets (CI saw
+    # it) or in a __del__: Python prints the exception with a traceback and drops
+    # it. The run still stops at the check, and the only line is sexpgpu's.
+    result = run_python(
+        """
+        import os, signal, time
+        import sexpgpu_cli.group as group
+
+        class Signalled:
+            def __del__(self):
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(60)
+
+        def invoke(args):
+            Signalled()  # collected at once, its exception dropped
+            from sexpgpu.signals import process_watch
+            process_watch().interrupt_if_stopping()
+
+        group.invoke = invoke
+        from sexpgpu_cli.main import main
+        main(["run", "examples/tiny-lm.sx"])
+        """,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 128 + signal.SIGTERM, result.stderr
+    assert result.stderr == "sexpgpu run: interrupted by SIGTERM at step 0\n"
+
+
+def test_the_watch_gives_back_the_hook_for_dropped_exceptions():
+    import sys
+
+    before = sys.unraisablehook
+    watch = StopWatch()
+    watch.install()
+    assert sys.unraisablehook != before
+    watch.uninstall()
+    assert sys.unraisablehook == before
+
+
 @pytest.mark.parametrize("order", [("SIGHUP", "SIGTERM"), ("SIGTERM", "SIGHUP")])
 def test_in_the_loop_a_pair_is_one_stop_named_by_the_sigterm(watch, order):
     watch.loop_started()
