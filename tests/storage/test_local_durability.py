@@ -1,7 +1,8 @@
 """The local backend makes each checkpoint file durable before it counts: its data is
 fsynced before the rename that puts it in place, and the folder after the rename,
 on every path a run takes through it (the probe of ``check_writable``, the files
-``write_many`` writes, ``experiment.json`` last).
+``write_many`` writes, ``experiment.json`` last); a folder it makes is fsynced into
+its parent before a checkpoint in it counts.
 
 A kill -9 cannot show a missing fsync (the page cache outlives the process), so the
 calls are recorded instead: ``os.write``, ``os.fsync``, ``os.rename``/``os.replace``
@@ -150,3 +151,43 @@ def test_every_file_a_run_checkpoints_is_synced_before_its_rename_and_its_folder
             assert folder_synced[0] < marker, (
                 f"{name}: its folder was not fsynced between its rename and {MARKER}'s"
             )
+
+
+def test_a_folder_a_run_makes_for_its_checkpoints_is_synced_into_its_parent(calls, tmp_path):
+    # A file renamed into a new folder is durable only once the folder's own name is:
+    # after a power cut a step folder whose parent was never fsynced may be gone,
+    # with the checkpoint the status file named and the older ones retention deleted.
+    (tmp_path / "durable.sx").write_text(PROGRAM)
+    location = tmp_path / "ck"
+    options = RunOptions(
+        Selection(str(tmp_path / "durable.sx")),
+        metrics_dir=str(tmp_path / "m"),
+        checkpoint_dir=str(location),
+        keep_last=1,
+    )
+    outcome = run(options, project())
+    assert outcome.exit_code == 0, outcome.message
+
+    order = list(calls)
+    made = [
+        (i, c)
+        for i, c in enumerate(order)
+        if c.what == "mkdir" and location in (c.path, *c.path.parents)
+    ]
+    assert {c.path for _, c in made} == {
+        location,
+        location / "step-00000002",
+        location / "step-00000004",
+    }
+    for i, folder in made:
+        synced = [
+            j
+            for j, c in enumerate(order)
+            if j > i and c.what == "fsync" and c.inode == folder.folder
+        ]
+        assert synced, f"{folder.path}: its parent was not fsynced after it was made"
+        markers = [
+            j for j, c in enumerate(order) if c.what == "rename" and c.path == folder.path / MARKER
+        ]
+        if markers:  # a step folder: its name is durable before the checkpoint counts
+            assert synced[0] < markers[0], f"{folder.path}: made durable only after {MARKER}"
