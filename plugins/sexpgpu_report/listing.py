@@ -25,8 +25,10 @@ TAIL_FIRST = 64 * 1024  # bytes read from the end of events.jsonl at first
 TAIL_MOST = 1024 * 1024  # ... doubled while no loss turned up, up to this
 HEAD = 4096  # bytes read from the start for the first event's time
 
-# A point's name without decoding the line: most tail lines are skipped unparsed.
-_POINT_NAME = re.compile(r'"kind":\s*"point".*?"name":\s*"([^"]*)"')
+# A point's name as the line spells it, escapes and all, without decoding the line:
+# most tail lines are skipped unparsed. ("/" is never escaped, so it tells an eval
+# metric; the name itself is the decoded line's.)
+_POINT_NAME = re.compile(r'"kind":\s*"point".*?"name":\s*"((?:[^"\\]|\\.)*)"')
 
 
 @dataclass
@@ -109,26 +111,27 @@ def scan_tail(path: Path) -> tuple[float | None, dict[str, float]]:
             return None, {}
         loss: float | None = None
         evals: dict[str, float] = {}
+        taken: set[str] = set()  # the eval names read already, as the lines spell them
         for raw in reversed(lines):
             line = raw.decode("utf-8", "replace")
             match = _POINT_NAME.search(line)
             if match is None:
                 continue
-            name = match.group(1)
-            wanted = (name == "loss" and loss is None) or ("/" in name and name not in evals)
-            if not wanted:
+            spelt = match.group(1)
+            if not ((spelt == "loss" and loss is None) or ("/" in spelt and spelt not in taken)):
                 continue
             try:
                 event = json.loads(line)
             except ValueError:
                 continue  # a torn line
-            value = _number(event.get("value"))
-            if value is None:
+            name, value = event.get("name"), _number(event.get("value"))
+            if value is None or not isinstance(name, str):
                 continue
-            if name == "loss" and "source" not in event:
+            if name == "loss" and loss is None and "source" not in event:
                 loss = value
-            elif "/" in name:
+            elif "/" in name and name not in evals:
                 evals[name] = value
+                taken.add(spelt)
         if loss is not None or whole or size >= TAIL_MOST:
             return loss, dict(sorted(evals.items()))
         size *= 2

@@ -96,7 +96,7 @@ class LocalStorage:
     def check_writable(self) -> None:
         """Create the folder if needed, then write and delete a probe file."""
         try:
-            self.root.mkdir(parents=True, exist_ok=True)
+            _make_folders(self.root)
         except PermissionError as exc:
             raise StorageError(
                 f"cannot create the checkpoint folder {self.root}: {_reason(exc)}",
@@ -236,7 +236,7 @@ class LocalStorage:
             raise StorageError(f"{self.uri}: cannot write an object without a name")
         temp: Path | None = None
         try:
-            target.parent.mkdir(parents=True, exist_ok=True)
+            _make_folders(target.parent)
             temp = target.with_name(TEMP_PREFIX + target.name + "-" + secrets.token_hex(4))
             fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             try:
@@ -377,6 +377,22 @@ def _writeback() -> Any:
 
 _SYNC_FILE_RANGE_WRITE = 2
 _WRITEBACK = _writeback()
+
+
+def _make_folders(folder: Path) -> None:
+    """``folder`` and the folders missing above it, each fsynced into its parent once
+    made: a file renamed into a new folder is durable only once the folder's name is,
+    or a power cut could take a stored checkpoint's whole folder with it."""
+    if folder.is_dir():
+        return
+    _make_folders(folder.parent)
+    try:
+        folder.mkdir()
+    except FileExistsError:
+        if not folder.is_dir():  # a file in the way
+            raise
+    # always, even when a concurrent write made it: its name may not be durable yet
+    _fsync_folder(folder.parent)
 
 
 def _fsync_folder(folder: Path) -> None:

@@ -1,9 +1,10 @@
 """`sexpgpu report`: an HTML page a real browser renders with no network, PNGs with
 something drawn in them, `--watch` on a live run, and the run's own events as the
-truth to compare with."""
+truth to compare with; markup in what a run says is shown as written, never run."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -201,3 +202,105 @@ def test_the_readme_test_command_installs_chromium_as_ci_does():
     # here Chromium is there: the script installs nothing and says nothing
     done = subprocess.run([repo / "scripts" / "test-deps"], capture_output=True, text=True)
     assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
+
+
+# Markup in what a run's events and status file say, each to be shown as written: a
+# script that would leave its mark (a global, the title), the end of a chart's <svg>,
+# an image that would be fetched, and & and both quotes.
+def _nasty(where: str) -> str:
+    return (
+        f'<script>window.__ran = "{where}"; document.title = "ran"</script></svg>'
+        f'<img src="http://127.0.0.1:9/{where}.png" onerror="window.__ran = \'{where}\'">'
+        f" & \"double\" 'single' &amp; <b>{where}</b>"
+    )
+
+
+ESCAPES = """() => ({
+  ran: window.__ran === undefined ? null : String(window.__ran),
+  title: document.title,
+  scripts: document.querySelectorAll('script').length,
+  images: document.querySelectorAll('img').length,
+  cells: Object.fromEntries([...document.querySelectorAll('tr')].filter(r => r.querySelector('th')
+    && r.querySelector('td')).map(r => [r.querySelector('th').textContent,
+    r.querySelector('td').textContent])),
+  annotations: [...document.querySelectorAll('td pre')].map(p => p.textContent),
+  captions: [...document.querySelectorAll('figcaption')].map(c => c.textContent),
+  marks: [...document.querySelectorAll('figure')].map(f =>
+    [...f.querySelectorAll('g.mark > title')].map(t => t.textContent)),
+  svgText: [...document.querySelectorAll('svg text')].map(t => t.textContent),
+})"""
+
+
+def test_what_a_run_says_shows_as_written_and_runs_or_fetches_nothing(browser, tmp_path):
+    folder = tmp_path / "m" / "esc-0a1b2c"
+    folder.mkdir(parents=True)
+    slug = "esc </title>" + _nasty("slug")
+    run_file = "runs/" + _nasty("file") + ".sx"
+    eval_name = _nasty("pass") + "/loss"  # one pass, one metric
+    texts = [
+        "checkpoint /ck/" + _nasty("checkpoint"),
+        "a note\n" + _nasty("note"),
+        "failed: step 3: " + _nasty("failed"),
+    ]
+
+    def event(kind: str, ident: str, step: int, **fields) -> dict:
+        return {
+            "kind": kind,
+            "id": ident,
+            "experiment": slug,
+            "step": step,
+            "time": 100.0 + step,
+        } | fields
+
+    events = [
+        event("point", f"{name}@{step}", step, name=name, value=1.0 / step)
+        for step in (1, 2, 3)
+        for name in ("loss", eval_name)
+    ]
+    events += [event("annotation", f"a{step}", step, text=t) for step, t in enumerate(texts, 1)]
+    (folder / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    error = "step 3: " + _nasty("error")
+    status = {
+        "state": "failed", "summary": f"failed: {error}", "error": error, "step": 2, "steps": 3,
+        "checkpoint": "/ck/" + _nasty("status"), "slug": slug, "updated": 300.0,
+        "run": "esc", "file": run_file,
+    }  # fmt: skip
+    (folder / "status.json").write_text(json.dumps(status))
+    made = sexpgpu_in_process("report", folder, "--out", tmp_path / "rep", cwd=tmp_path)
+    assert made.returncode == 0, made.stderr
+
+    requests: list[str] = []
+    url = (tmp_path / "rep" / "index.html").as_uri()
+
+    def only_the_page(route):
+        # recorded, and anything but the page refused: the test reaches out nowhere
+        requests.append(route.request.url)
+        if route.request.url == url:
+            route.continue_()
+        else:
+            route.abort()
+
+    page = browser.new_page()
+    try:
+        page.route("**/*", only_the_page)
+        page.goto(url)
+        page.wait_for_load_state("load")
+        shown = page.evaluate(ESCAPES)
+    finally:
+        page.close()
+    assert requests == [url]
+    assert (shown["ran"], shown["scripts"], shown["images"]) == (None, 0, 0)
+    assert shown["title"] == f"sexpgpu report: {slug}"
+    cells = shown["cells"]
+    assert cells["run file"] == run_file
+    assert cells["error"] == error
+    assert cells["last checkpoint"] == status["checkpoint"]
+    assert eval_name in cells, list(cells)
+    assert shown["annotations"] == texts
+    assert f"eval {eval_name} \u00b7 eval-" in " ".join(shown["captions"])
+    # every chart marks every annotation, its text on hover as written
+    assert shown["marks"] and all(
+        marks == [f"step {1 + i}: {text}" for i, text in enumerate(texts)]
+        for marks in shown["marks"]
+    )
+    assert f"eval {eval_name}" in shown["svgText"]

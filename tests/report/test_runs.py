@@ -117,3 +117,17 @@ def test_the_default_metrics_folder_is_the_one_runs_report_into():
     for command in (runs, report):
         (option,) = [p for p in command.params if p.name == "metrics_dir"]
         assert (option.default, option.envvar) == (DEFAULT_METRICS_DIR, "SEXPGPU_METRICS_DIR")
+
+
+def test_tail_names_an_eval_metric_as_the_run_did_escapes_and_all(tmp_path):
+    # a name with a quote or a backslash is escaped in the file: the row shows the
+    # name, not its JSON spelling (nor skips it)
+    path = tmp_path / "events.jsonl"
+    point = {"kind": "point", "id": "a", "step": 1, "time": 1.0, "name": "loss", "value": 0.5}
+    names = ["<q>/\"quoted\" & 'single'", "back\\slash/loss", "café/loss"]
+    lines = [point] + [
+        {**point, "id": n, "name": n, "value": float(i)} for i, n in enumerate(names)
+    ]
+    lines += [{**point, "id": "b", "step": 2, "name": names[0], "value": 9.0}]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert scan_tail(path) == (0.5, {names[0]: 9.0, names[1]: 1.0, names[2]: 2.0})
