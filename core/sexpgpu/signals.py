@@ -35,14 +35,7 @@ import threading
 import time
 from types import FrameType
 
-__all__ = [
-    "HANDLED",
-    "Interrupted",
-    "StopWatch",
-    "interruption",
-    "process_watch",
-    "watch_process",
-]
+__all__ = ["HANDLED", "Interrupted", "StopWatch", "interruption", "process_watch", "watch_process"]
 
 HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 """The signals that stop a run."""
@@ -95,7 +88,7 @@ class StopWatch:
         self._ended = False
         self._previous: dict[int, object] = {}
         self._previous_wakeup = -1
-        self._previous_unraisable: object = None
+        self._previous_unraisable = sys.unraisablehook
         self._fds: tuple[int, ...] = ()
         self._thread: threading.Thread | None = None
         # Re-entrant: the main thread's handler may run while that thread holds it.
@@ -187,9 +180,8 @@ class StopWatch:
             target=self._watch, args=(read_fd, stop_read), name="sexpgpu-signals", daemon=True
         )
         self._thread.start()
-        # An Interrupted raised where Python cannot pass it on (a weakref callback an
-        # import's lock sets, a __del__) is printed with a traceback and dropped;
-        # interrupt_if_stopping raises it again, so the print is only noise.
+        # Python prints an Interrupted it drops (in a __del__, an import lock's weakref
+        # callback) as a traceback: noise, since interrupt_if_stopping raises it again.
         self._previous_unraisable = sys.unraisablehook
         sys.unraisablehook = self._unraisable
         for signum in HANDLED:
@@ -214,7 +206,8 @@ class StopWatch:
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)  # type: ignore[arg-type]
         self._previous.clear()
-        self._give_back_unraisable()
+        if sys.unraisablehook == self._unraisable:
+            sys.unraisablehook = self._previous_unraisable
         if self._fds:
             os.write(self._fds[3], b"x")
             if self._thread is not None:
@@ -262,15 +255,8 @@ class StopWatch:
             raise Interrupted(self.signum or signum)
 
     def _unraisable(self, unraisable: sys.UnraisableHookArgs) -> None:
-        if isinstance(unraisable.exc_value, Interrupted):
-            return
-        previous = self._previous_unraisable or sys.__unraisablehook__
-        previous(unraisable)  # type: ignore[operator]
-
-    def _give_back_unraisable(self) -> None:
-        if self._previous_unraisable is not None and sys.unraisablehook == self._unraisable:
-            sys.unraisablehook = self._previous_unraisable  # type: ignore[assignment]
-        self._previous_unraisable = None
+        if not isinstance(unraisable.exc_value, Interrupted):
+            self._previous_unraisable(unraisable)
 
     def _delivered(self, signum: int) -> None:
         """One delivery, read from the pipe by the watcher thread."""
