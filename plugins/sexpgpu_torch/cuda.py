@@ -72,6 +72,12 @@ def take_switches(
     if device_kind(device) != "cuda":
         for name, value in sorted(pins.items()):
             raise cannot_take(name, value, f"a CUDA choice on {device_kind(device)}")
+        if program.run.deterministic:
+            # Inductor's CPU code adds into indexed rows (an embedding's backward) with
+            # atomic adds across its threads, so the order, and the bits, change from
+            # process to process; in torch's deterministic mode it calls ATen's
+            # ordered kernel instead. Read when a graph compiles.
+            torch.use_deterministic_algorithms(True)
         return {}
     if not torch.cuda.is_available():
         raise PluginError(f"--device {device}: torch sees no CUDA device here")

@@ -170,6 +170,13 @@ def sexpgpu_storage_backends():
 """
 
 
+def _has_point(workdir, step: int) -> bool:
+    try:
+        return (step, "probe/loss") in eval_points(workdir, source="evaluate")
+    except ValueError:  # a line the sink is writing right now
+        return False
+
+
 def test_killed_before_delivery_is_complete_the_step_is_not_marked(workdir, tmp_path):
     train(workdir)
     plugin = make_plugin(
@@ -182,6 +189,8 @@ def test_killed_before_delivery_is_complete_the_step_is_not_marked(workdir, tmp_
     )
     try:
         wait_for(flag.exists, follower, "the sink stuck on step 4")
+        # each sink has its own thread: the jsonl one may write step 4 a moment later
+        wait_for(lambda: _has_point(workdir, 4), follower, "step 4 in the jsonl sink")
         assert evaluated(workdir / "ck") == {"probe": [2]}  # step 4 is not marked
         follower.send_signal(signal.SIGKILL)
         follower.wait(timeout=60)

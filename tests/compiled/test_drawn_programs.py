@@ -1,0 +1,58 @@
+"""Drawn programs resume to the bit from every checkpoint, compiled and eager.
+
+Each CI run draws a few programs (``tests/compiled/drawn.py``: optimizer, weight
+decay, schedule, clip, guard, dropout, bf16, two stages, a repeat with and without
+recompute, a frozen parameter) from a seed taken from the commit, so every commit
+tries other ones and a failure names the seed that makes it again. Each program
+trains uninterrupted with a checkpoint after every step, on two CPU threads as a
+user's machine would; each checkpoint is resumed in a new process, and every later
+checkpoint must hold the uninterrupted run's bytes. ``scripts/sweep_resume.py``
+runs the whole sweep.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.compiled.drawn import check_resumes, draw, sexpgpu_runner
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+
+REPO = Path(__file__).resolve().parents[2]
+COUNT = int(os.environ.get("SEXPGPU_DRAWN_PROGRAMS", "1"))
+"""Programs drawn per lowering in one run of the suite."""
+
+
+def _commit_seed() -> int:
+    """A seed that changes with each commit (0 outside a git checkout)."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=30
+        ).stdout.strip()
+        return int(head[:8], 16) if head else 0
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return 0
+
+
+SEED = int(os.environ.get("SEXPGPU_DRAWN_SEED", _commit_seed()))
+
+
+@pytest.mark.parametrize("lowering", ["compiled", "torch"])
+@pytest.mark.parametrize("index", range(COUNT))
+def test_a_drawn_program_resumes_to_the_bit_from_every_checkpoint(
+    lowering: str, index: int, tmp_path: Path, compiled_env: dict[str, str]
+):
+    # the two lowerings try different programs
+    drawn = draw(SEED + index + (0 if lowering == "compiled" else 1_000_003), lowering=lowering)
+    run = sexpgpu_runner({**compiled_env, "OMP_NUM_THREADS": "2"})
+    differences = check_resumes(drawn, tmp_path, lowering=lowering, run=run)
+    assert not differences, (
+        f"{drawn.name()} (SEXPGPU_DRAWN_SEED={drawn.seed}):\n"
+        + "\n".join(differences)
+        + "\n"
+        + drawn.source
+    )
