@@ -28,6 +28,7 @@ from sexpgpu.log import get_logger
 from sexpgpu_torch.compiled_optim import CompiledUpdate
 from sexpgpu_torch.cuda import PinnedSnapshots
 from sexpgpu_torch.graphs import Ctx
+from sexpgpu_torch.recompiles import CompiledOnce
 from sexpgpu_torch.strategy import GraphFn, copy_plainly
 
 if TYPE_CHECKING:
@@ -52,10 +53,11 @@ def prepare_caches() -> None:
 
 
 def compile_function(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` through ``torch.compile``, compiled on its first call."""
+    """``fn`` through ``torch.compile``, compiled on its first call; a compile after
+    that is said in the log (:class:`CompiledOnce`)."""
     # dynamic=False: a program's shapes are fixed, and static shapes compile the
     # fastest kernels; a graph reads its tensors through the trainer's dicts
-    return torch.compile(fn, backend=BACKEND, dynamic=False)
+    return CompiledOnce(torch.compile(fn, backend=BACKEND, dynamic=False))
 
 
 # ---------------------------------------------------------------- dropout masks as inputs

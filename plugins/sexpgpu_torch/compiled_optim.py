@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 import sexpgpu_torch.optim as eager
+from sexpgpu_torch.recompiles import CompiledOnce
 
 Tensor = torch.Tensor
 
@@ -129,7 +130,8 @@ class CompiledUpdate:
         key = (tuple(sorted((k, repr(v)) for k, v in options.items() if k != "lr")), tuple(decay))
         graph = self._graphs.get(key)
         if graph is None:
-            graph = torch.compile(graph_of(options, decay), backend=self.backend, dynamic=False)
+            compiled = torch.compile(graph_of(options, decay), backend=self.backend, dynamic=False)
+            graph = CompiledOnce(compiled)
             self._graphs[key] = graph
         lists = {name: list(values) for name, values in states.items()}
         return graph(list(params), list(grads), lists, *scalars_of(lr, count, options))

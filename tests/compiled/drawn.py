@@ -16,6 +16,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from sexpgpu_torch.recompiles import RECOMPILED
+
 STEPS = 4
 """Steps of every drawn program, a checkpoint after each: resumes from steps 1, 2, 3."""
 FILES = ("params.safetensors", "states.safetensors")
@@ -131,7 +133,8 @@ Runner = Callable[..., subprocess.CompletedProcess]
 
 def check_resumes(drawn: Drawn, folder: Path, *, lowering: str, run: Runner) -> list[str]:
     """Train ``drawn`` uninterrupted, then resume each of its checkpoints but the last
-    in a new process; the differences from the uninterrupted run's files (none: ``[]``).
+    in a new process; the differences from the uninterrupted run's files, and any
+    graph compiled again after warm-up (none: ``[]``).
 
     ``run(*args, cwd=folder)`` runs ``sexpgpu ARGS`` in a subprocess."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -142,7 +145,7 @@ def check_resumes(drawn: Drawn, folder: Path, *, lowering: str, run: Runner) -> 
                cwd=folder)  # fmt: skip
     if full.returncode != 0:
         return [f"the uninterrupted run failed: {full.stderr[-2000:]}"]
-    differences = []
+    differences = _recompiled("the uninterrupted run", full.stderr)
     for step in range(1, STEPS):
         name = f"from-{step}"
         step_dir = f"step-{step:08d}"
@@ -153,12 +156,18 @@ def check_resumes(drawn: Drawn, folder: Path, *, lowering: str, run: Runner) -> 
         if resumed.returncode != 0:
             differences.append(f"resumed from step {step}: failed: {resumed.stderr[-2000:]}")
             continue
+        differences += _recompiled(f"resumed from step {step}", resumed.stderr)
         for later in range(step + 1, STEPS + 1):
             for file in FILES:
                 path = f"step-{later:08d}/{file}"
                 if (folder / name / path).read_bytes() != (folder / "full" / path).read_bytes():
                     differences.append(f"resumed from step {step}: {path} differs")
     return differences
+
+
+def _recompiled(which: str, stderr: str) -> list[str]:
+    """A graph compiled again after warm-up, as the run's log says (none: ``[]``)."""
+    return [f"{which}: {line}" for line in stderr.splitlines() if RECOMPILED in line]
 
 
 def sexpgpu_runner(env: Mapping[str, str], timeout: float = 900) -> Runner:

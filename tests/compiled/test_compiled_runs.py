@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
+from sexpgpu_torch.recompiles import RECOMPILED
 from tests.compiled.conftest import run_named
 from tests.e2e.helpers import events, experiments, run_sexpgpu
 
@@ -146,6 +147,14 @@ def _order(metrics: Path) -> list[tuple]:
     # stored, at no fixed place among them.
     (run_dir,) = experiments(metrics)
     return [(e["kind"], e["name"], e["step"]) for e in events(run_dir) if e["kind"] == "point"]
+
+
+def test_no_graph_compiles_again_after_warm_up(runs):
+    # dropout masks, a frozen parameter, an eval pass, a schedule, a resume, the guard:
+    # each graph keeps the code its warm-up compiled (sexpgpu_torch.recompiles)
+    _, done = runs
+    for name, result in done.items():
+        assert RECOMPILED not in result.stderr, f"{name}: {result.stderr[-3000:]}"
 
 
 def test_losses_read_a_step_late_keep_the_eager_runs_order_of_events(runs):

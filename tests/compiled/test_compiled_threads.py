@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from sexpgpu_torch.recompiles import RECOMPILED
 from tests.compiled.conftest import run_named
 from tests.e2e.helpers import EXAMPLES
 
@@ -31,6 +32,7 @@ def _run(folder: Path, env: dict[str, str], name: str, *args: str) -> None:
         *args,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
+    assert RECOMPILED not in result.stderr  # no graph compiled again after warm-up
 
 
 def _bytes(step_dir: Path) -> dict[str, bytes]:

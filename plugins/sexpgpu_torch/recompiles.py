@@ -1,0 +1,59 @@
+"""Saying so when a compiled graph compiles again after its first call.
+
+Each graph of the compiled lowering compiles on its first call (the run's warm-up,
+or an eval pass's first batch under ``sexpgpu evaluate``). A program's shapes and
+options are fixed, so a later compile is a defect: a step pays for it, and the new
+code need not add in the old order. Every later call runs under dynamo's
+``error_on_recompile``, so a failing guard raises instead of compiling quietly; the
+call then says once which graph and which guard, and compiles as torch would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from sexpgpu.log import get_logger
+
+RECOMPILED = "compiled again after its first call"
+"""The log line's event: a graph's guard failed after warm-up."""
+
+
+class CompiledOnce:
+    """A ``torch.compile``'d callable whose compiles after its first call are said in
+    the log, once each (see the module docstring)."""
+
+    def __init__(self, compiled: Callable[..., Any]) -> None:
+        self.compiled = compiled
+        self.called = False
+        self.said = False
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """The compiled callable's result."""
+        if not self.called:
+            result = self.compiled(*args, **kwargs)
+            self.called = True
+            return result
+        # imported here, once dynamo has compiled: its import is heavy for an eager run
+        import torch._dynamo.config as dynamo_config
+        from torch._dynamo.exc import RecompileError
+
+        try:
+            with dynamo_config.patch(error_on_recompile=True):
+                return self.compiled(*args, **kwargs)
+        except RecompileError as exc:
+            self._say(str(exc))
+        with dynamo_config.patch(error_on_recompile=False):
+            return self.compiled(*args, **kwargs)
+
+    def _say(self, message: str) -> None:
+        if self.said:
+            return
+        self.said = True
+        # "Recompiling function NAME in FILE:LINE", then the guards that failed
+        lines = [line.strip() for line in message.splitlines() if line.strip()]
+        graph = lines[0].removeprefix("Recompiling function ") if lines else "?"
+        guards = [line.removeprefix("- ") for line in lines if line.startswith("- ")]
+        get_logger("sexpgpu.run").warning(
+            RECOMPILED, graph=graph, guard=guards[0] if guards else message[:300]
+        )
