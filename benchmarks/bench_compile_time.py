@@ -1,0 +1,123 @@
+"""Cold compile time of the compiled lowering against the same model hand-written and
+put through ``torch.compile``, each side in a fresh process with a fresh cache; and
+the warm second start of the same program.
+
+    .venv/bin/python benchmarks/bench_compile_time.py [--trials 3] [--threads 1]
+        [--set dim=256 --set layers=4 --set heads=8]
+
+torch keeps what it compiles on disk (``TORCHINDUCTOR_CACHE_DIR``, by default a
+folder that outlives a process), and a process that has compiled once is warm for
+the next compile, so a fair cold measure gives each side its own new process and its
+own empty cache folder. Per trial, interleaved so both see the same machine load:
+
+- ``sexpgpu cold``: lower examples/tiny-lm.sx with the compiled lowering and run its
+  warm-up (every stage's loss and backward, the update, every eval pass), as
+  ``sexpgpu run`` does before its first step;
+- ``sexpgpu warm``: the same again in a new process on the cache the cold one
+  filled (a resume's start on the same machine);
+- ``hand-written cold``: the model as nanoGPT writes it (``torch.compile(model)``,
+  torch's AdamW, clipping) through its first training step.
+
+Times exclude the interpreter's start and torch's import. Prints each median with
+its spread and the cold ratio sexpgpu / hand-written (goal <= 1.5), and the warm
+start (goal < 5 s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_step import EXAMPLE, _hand_written  # noqa: E402
+
+
+def _one(side: str, sets: dict[str, str], threads: int) -> float:
+    """Seconds this process takes to compile ``side`` (after the imports)."""
+    import torch
+
+    torch.set_num_threads(threads)
+    from sexpgpu.catalog import Catalog
+    from sexpgpu.lang.schedule import lr_at
+    from sexpgpu.session import Selection, Target, lower, open_loader
+
+    catalog = Catalog.load()
+    program = Selection(str(EXAMPLE), sets=sets).compile(catalog)
+    if side == "sexpgpu":
+        started = time.perf_counter()
+        choices = Target(lowering="compiled").choices(program, None)
+        lower(program, catalog, device="cpu", choices=choices).trainer.warm_up()
+        return time.perf_counter() - started
+    # the hand-written side takes its start values from the eager lowering (no compile)
+    eager = lower(
+        program, catalog, device="cpu", choices=Target(lowering="torch").choices(program, None)
+    ).trainer
+    eager.init_params()
+    stage = program.stages[0]
+    _, loader = open_loader(catalog, stage.data, program.run.seed)
+    batch = loader.next_batch()
+    step = _hand_written(eager.export()[0], program, "math", compile_model=True)
+    started = time.perf_counter()
+    step(batch, lr_at(stage.optimizer, 1, 10))
+    return time.perf_counter() - started
+
+
+def _measure(side: str, cache: Path, sets: dict[str, str], threads: int) -> float:
+    env = {
+        **os.environ,
+        "TORCHINDUCTOR_CACHE_DIR": str(cache),
+        "OMP_NUM_THREADS": str(threads),
+    }
+    args = [sys.executable, __file__, "--one", side, "--threads", str(threads)]
+    args += [a for k, v in sets.items() for a in ("--set", f"{k}={v}")]
+    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=3600)
+    if done.returncode != 0:
+        sys.exit(f"{side}: {done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])["seconds"]
+
+
+def _line(name: str, values: list[float]) -> str:
+    return (
+        f"  {name:18} median {statistics.median(values):7.1f} s  "
+        f"spread {min(values):.1f}-{max(values):.1f}"
+    )
+
+
+def main() -> None:
+    """Measure and print (or, with ``--one``, measure one side in this process)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=3, help="cold measures per side")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--set", dest="sets", action="append", default=None, metavar="K=V")
+    parser.add_argument("--one", choices=["sexpgpu", "hand"], help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    sets = dict(s.split("=", 1) for s in (args.sets or ["dim=256", "layers=4", "heads=8"]))
+    if args.one:
+        print(json.dumps({"seconds": _one(args.one, sets, args.threads)}))
+        return
+    times: dict[str, list[float]] = {"sexpgpu cold": [], "sexpgpu warm": [], "hand cold": []}
+    with tempfile.TemporaryDirectory(prefix="sexpgpu-compile-bench-") as scratch:
+        for trial in range(args.trials):
+            ours, theirs = Path(scratch) / f"ours-{trial}", Path(scratch) / f"hand-{trial}"
+            times["sexpgpu cold"].append(_measure("sexpgpu", ours, sets, args.threads))
+            times["sexpgpu warm"].append(_measure("sexpgpu", ours, sets, args.threads))
+            times["hand cold"].append(_measure("hand", theirs, sets, args.threads))
+    knobs = " ".join(f"{k}={v}" for k, v in sets.items())
+    print(f"examples/tiny-lm.sx ({knobs}) on cpu, {args.threads} thread(s), {args.trials} trials")
+    for name, values in times.items():
+        print(_line(name, values))
+    cold = statistics.median(times["sexpgpu cold"]) / statistics.median(times["hand cold"])
+    warm = statistics.median(times["sexpgpu warm"])
+    print(f"  cold ratio sexpgpu / hand-written  {cold:.2f}   (goal <= 1.5)")
+    print(f"  warm second start  {warm:.1f} s   (goal < 5 s)")
+
+
+if __name__ == "__main__":
+    main()
