@@ -62,3 +62,28 @@ def open_loader(decl: Any, seed: int) -> Any:
     from sexpgpu.session import open_loader as open_data
 
     return open_data(project(), decl, seed)[1]
+
+
+def tiny_program(name: str, **options: object) -> str:
+    """The source of a tiny run named ``name`` (an embedding and a head, Adam, 4 steps
+    of ``(sort :vocab 8)``), with ``options`` added to its ``defrun``
+    (``checkpoint_every=2`` becomes ``:checkpoint-every 2``): quick to train in a
+    test's own process, and to compile under the compiled lowering."""
+    settings = "".join(
+        f"\n  :{key.replace('_', '-')} {str(value).lower() if isinstance(value, bool) else value}"
+        for key, value in options.items()
+    )
+    return f"""
+(defmodel net (vocab dim)
+  (param embed [vocab dim] :init (normal 0.02))
+  (param head [dim vocab] :init (normal 0.02))
+  (forward (ids) (matmul (take embed ids) head)))
+(defdata train (sort :vocab 8) :seq 4 :batch 4)
+(defrun {name}
+  :model (net 8 4)
+  :data train
+  :loss (cross-entropy (model inputs) targets)
+  :optimizer (adam :lr 0.1)
+  :steps 4
+  :seed 3{settings})
+"""

@@ -15,25 +15,11 @@ import pytest
 
 from sexpgpu.session import Selection, Session, Target
 from sexpgpu.train import RunOptions, run
-from tests.catalogs import project
+from tests.catalogs import project, tiny_program
 
 # Tiny, so that the compiled lowering compiles it in seconds: two good Adam steps
 # (their states are no longer zeros), then a third the test makes overflow.
-PROGRAM = """
-(defmodel net (vocab dim)
-  (param embed [vocab dim] :init (normal 0.02))
-  (param head [dim vocab] :init (normal 0.02))
-  (forward (ids) (matmul (take embed ids) head)))
-(defdata train (sort :vocab 8) :seq 4 :batch 4)
-(defrun guarded
-  :model (net 8 4)
-  :data train
-  :loss (cross-entropy (model inputs) targets)
-  :optimizer (adam :lr 0.1)
-  :steps 4
-  :seed 3
-  :guard-finite true)
-"""
+PROGRAM = tiny_program("guarded", guard_finite=True)
 REFUSED = 3
 OVERFLOWING_LR = 1e39  # an Adam step of about lr per value: infinite in f32
 

@@ -34,22 +34,9 @@ from sexpgpu.session import Selection
 from sexpgpu.status import StatusFile
 from sexpgpu.train import RunOptions, run
 from sexpgpu_local.backend import LocalStorage
+from tests.catalogs import tiny_program
 
-PROGRAM = """
-(defmodel net (vocab dim)
-  (param embed [vocab dim] :init (normal 0.02))
-  (param head [dim vocab] :init (normal 0.02))
-  (forward (ids) (matmul (take embed ids) head)))
-(defdata train (sort :vocab 8) :seq 4 :batch 4)
-(defrun reported
-  :model (net 8 4)
-  :data train
-  :loss (cross-entropy (model inputs) targets)
-  :optimizer (adam :lr 0.1)
-  :steps 4
-  :checkpoint-every 2
-  :seed 3)
-"""
+PROGRAM = tiny_program("reported", checkpoint_every=2)
 FIRST = "step-00000002"
 MARKER = "experiment.json"
 HANG = 60.0  # seconds: only a bound on a hang, never reached by a run that works

@@ -20,23 +20,9 @@ import pytest
 
 from sexpgpu.session import Selection
 from sexpgpu.train import RunOptions, run
-from tests.catalogs import project
+from tests.catalogs import project, tiny_program
 
-PROGRAM = """
-(defmodel net (vocab dim)
-  (param embed [vocab dim] :init (normal 0.02))
-  (param head [dim vocab] :init (normal 0.02))
-  (forward (ids) (matmul (take embed ids) head)))
-(defdata train (sort :vocab 8) :seq 4 :batch 4)
-(defrun durable
-  :model (net 8 4)
-  :data train
-  :loss (cross-entropy (model inputs) targets)
-  :optimizer (adam :lr 0.1)
-  :steps 4
-  :checkpoint-every 2
-  :seed 3)
-"""
+PROGRAM = tiny_program("durable", checkpoint_every=2)
 MARKER = "experiment.json"  # written last: the checkpoint counts once it exists
 
 
