@@ -33,7 +33,13 @@ if _REPO not in sys.path:  # so that `tests.servers` imports however pytest was 
 
 # One moto S3 server and one GCS emulator per worker for the whole suite, whichever
 # folders use them (a conftest importing them again would start servers of its own).
-from tests.servers import gcs_emulator, moto_s3  # noqa: E402,F401
+from tests.servers import gcs_emulator, moto_s3  # noqa: E402,F401,I001
+
+# `sexpgpu run` and `evaluate` subprocesses forked from interpreters that imported
+# torch once (tests/preloaded.py says what they keep of a fresh process).
+from tests import preloaded  # noqa: E402
+
+preloaded.install()
 
 os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
 os.environ.setdefault("NO_GCE_CHECK", "True")
@@ -72,6 +78,20 @@ try:
         settings.load_profile("ci")
 except ImportError:  # the dev extra is not installed
     pass
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Stop this process's preloaders."""
+    preloaded.shut_down()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_processes_if_marked(request: pytest.FixtureRequest):
+    """A test marked ``fresh_process`` starts every command in a new interpreter."""
+    marked = request.node.get_closest_marker("fresh_process") is not None
+    preloaded.PRELOADERS.disabled += marked
+    yield
+    preloaded.PRELOADERS.disabled -= marked
 
 
 # A test that leaves a thread running (a sink's worker retrying for ever, a writer

@@ -45,6 +45,9 @@ MIB = 1 << 20
 _CHUNK_UNIT = 256 * 1024  # resumable chunks must be multiples of 256 KiB
 RESUMABLE_ABOVE = 8 * MIB  # larger objects go up as resumable uploads, as gsutil does
 
+BUCKET_METADATA_OFF = "DISABLE_GCS_PYTHON_CLIENT_OTEL_BUCKET_METADATA"
+"""google-cloud-storage's switch for its background bucket-metadata lookups."""
+
 
 def split_uri(uri: str) -> tuple[str, str]:
     """(bucket, prefix without slashes at either end) of a ``gs://`` URI."""
@@ -78,6 +81,10 @@ class GcsStorage:
             return self._client
 
     def _make_client(self) -> Any:
+        # The client would otherwise GET each bucket's metadata from a thread of its
+        # own, for tracing labels only: a request nobody asked for (refused without
+        # bucket-level permission), and a thread left behind for up to 10 s.
+        os.environ.setdefault(BUCKET_METADATA_OFF, "true")
         project = os.environ.get("GOOGLE_CLOUD_PROJECT") or None
         if os.environ.get("STORAGE_EMULATOR_HOST"):
             # The emulator has no auth; the client needs a project name all the same.

@@ -306,6 +306,7 @@ def test_a_ctrl_c_the_interpreter_drops_at_its_start_still_stops_the_run(site, p
     assert not (site / "m").exists()
 
 
+@pytest.mark.fresh_process  # the interpreter's own start-up is part of the moment
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("after", [0.010, 0.050, 0.100])
 def test_a_signal_soon_after_launch(site, plugins, name, after):

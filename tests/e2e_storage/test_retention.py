@@ -65,6 +65,11 @@ def test_keep_last_and_kill_9_during_deletions(bucket: Bucket, workdir):
     final = run_sexpgpu(*args, cwd=workdir, env=bucket.env())
     assert final.returncode == 0, final.stderr
     complete = sorted(n for n, f in folders(bucket, prefix).items() if "experiment.json" in f)
-    assert complete == [STEPS - 1, STEPS]
+    if "nothing to do" in final.stderr:
+        # A kill after the last checkpoint cut its deletions off; a finished run run
+        # again changes nothing, and only a later write would remove that one (docs/run.md).
+        assert complete[-2:] == [STEPS - 1, STEPS] and len(complete) <= 3, complete
+    else:
+        assert complete == [STEPS - 1, STEPS]
     last = f"step-{STEPS:08d}"
     assert bucket.tensors(f"{prefix}/{last}") == tensors(reference / last)
