@@ -18,7 +18,7 @@ command it is asked to run. The child is a process of its own as a user's is:
   to the test's :class:`Popen`, so ``wait``, ``poll``, ``communicate`` and
   ``returncode`` behave as usual (a signal's death is a negative code).
 
-What a fork cannot give is kept out: a command is forked only when its
+What a fork cannot give is kept out, or is loud: a command is forked only when its
 environment's load-time settings (``PYTHON*``, ``OMP_*``, ``MKL_*``,
 ``TORCH*``, locale, ...) are exactly those the preloader started with (a
 preloader is started for a set seen twice); two preloaders per set take turns,
@@ -27,7 +27,10 @@ each with its own random string-hash seed, so two consecutive runs of a test
 ``preexec_fn``, other descriptors, another interpreter or snippet) starts a
 fresh interpreter as before, and so does every command under
 ``SEXPGPU_TEST_FRESH_PROCESSES=1`` or in a test marked ``fresh_process`` (signals
-during interpreter start-up, import-time behaviour).
+during interpreter start-up, import-time behaviour). A resume whose pinned CPU
+choices need other torch start-up settings than the preloader's cannot set them
+in a fork; the lowering checks that torch took every pin and refuses one it did
+not (``E-CHOICE-001``), so such a test fails rather than passes on other bits.
 
 :func:`install` (called by the suite's conftest) puts :class:`Popen` in place of
 ``subprocess.Popen``; :func:`shut_down` stops the preloaders.
@@ -57,11 +60,29 @@ CONSOLE_CODE = "from sexpgpu_cli.main import main; main()"
 FORKED_COMMANDS = frozenset({"run", "evaluate"})
 """The commands that import torch: the only ones a fork saves time on."""
 
-PRELOAD = ("torch", "numpy", "safetensors.numpy", "safetensors.torch")
-"""What each preloader imports before it forks; nothing that reads sexpgpu's settings."""
+PRELOAD = (
+    "torch",
+    "numpy",
+    "safetensors.numpy",
+    "safetensors.torch",
+    "structlog",  # with rich, which it imports: 0.35 s
+    "jsonschema",
+    "click",
+    "pluggy",
+)
+"""What each preloader imports before it forks: third-party modules only, none of
+which reads sexpgpu's settings."""
+
+COMPILE_CACHE = "TORCHINDUCTOR_CACHE_DIR"
+PRELOAD_TO_COMPILE = ("torch._dynamo", "torch._inductor.compile_fx")
+"""Imported too by a preloader whose settings name a compile cache (the compiled
+lowering's tests): torch's compiler takes some 5 s to import, more than most of
+those runs take to compile from the cache. Its settings (``TORCH*``) are read at
+import, and are the preloader's by construction."""
 
 LOAD_TIME_PREFIXES = (
     "PYTHON",
+    "ATEN_",
     "OMP_",
     "GOMP_",
     "KMP_",
@@ -72,6 +93,7 @@ LOAD_TIME_PREFIXES = (
     "PYTORCH",
     "CUDA",
     "NVIDIA",
+    "TRITON",
     "LD_",
     "MALLOC",
     "LANG",
@@ -114,7 +136,13 @@ class Preloader:
         env.update(settings)
         PRELOADERS.started += 1
         self.process = _ORIGINAL_POPEN(
-            [sys.executable, "-c", "from tests.preloaded import serve; serve()", self.address],
+            [
+                sys.executable,
+                "-c",
+                "from tests.preloaded import serve; serve()",
+                self.address,
+                *(PRELOAD_TO_COMPILE if COMPILE_CACHE in dict(settings) else ()),
+            ],  # fmt: skip
             cwd=Path(__file__).resolve().parents[1],
             env=env,
             stdin=subprocess.PIPE,
@@ -323,9 +351,9 @@ def serve() -> None:
     Returns only in a forked child, ready to run its command as ``python -c`` or the
     console script would: the interpreter then ends the child as it ends any process
     (an exit status, a traceback, death by SIGINT after a KeyboardInterrupt)."""
-    for name in PRELOAD:
+    address, *more = sys.argv[1:]
+    for name in (*PRELOAD, *more):
         __import__(name)
-    address = sys.argv[1]
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(address)
     listener.listen(64)
