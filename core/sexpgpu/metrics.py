@@ -34,9 +34,7 @@ if TYPE_CHECKING:
 __all__ = [
     "EVENT_KINDS",
     "RESERVED_KEYS",
-    "CLOSE_SECONDS",
     "MetricsStream",
-    "close_seconds",
     "new_slug",
     "open_sinks",
 ]
@@ -48,31 +46,6 @@ RESERVED_KEYS = frozenset({"kind", "id", "experiment", "step", "time", "name", "
 """Keys the stream sets itself; an annotation's extra fields may not use them."""
 
 _GRACE = 1.0  # seconds close() gives a sink's thread to leave write() once abandoned
-
-CLOSE_SECONDS = "SEXPGPU_METRICS_CLOSE_SECONDS"
-"""The environment variable: how long a command's end waits for its sinks (default 30)."""
-_DEFAULT_CLOSE_SECONDS = 30.0
-
-
-def close_seconds() -> float:
-    """How long the end of a run (or an evaluation) waits for its metrics sinks to
-    take the events still queued: ``SEXPGPU_METRICS_CLOSE_SECONDS``, 30 when unset.
-    Read when the command starts, so that a value that is not a number of seconds
-    is a one-line :class:`RunError` before anything is done, not at the end."""
-    import math
-    import os
-
-    raw = os.environ.get(CLOSE_SECONDS, "").strip()
-    if not raw:
-        return _DEFAULT_CLOSE_SECONDS
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value >= 0):
-        raise RunError(f"{CLOSE_SECONDS} must be a number of seconds (0 or more), not {raw!r}")
-    return value
-
 
 _SLUG_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 

@@ -80,8 +80,6 @@ class Outputs:
     resumed_from: str | None
     events: str | None = None
     """Where a person finds the run's events (the first sink that says where it writes)."""
-    close_seconds: float = 30.0
-    """How long :meth:`close` waits for the sinks (``SEXPGPU_METRICS_CLOSE_SECONDS``)."""
 
     @classmethod
     def open(cls, run: Run, moved: list[str]) -> Outputs:
@@ -118,11 +116,10 @@ class Outputs:
     @classmethod
     def _for_writer(cls, run: Run, slug: str, run_dir: str) -> Outputs:
         from sexpgpu.checkpoint.checkpointer import Checkpointer
-        from sexpgpu.metrics import MetricsStream, close_seconds, open_sinks
+        from sexpgpu.metrics import MetricsStream, open_sinks
         from sexpgpu.status import StatusFile, run_identity
 
         options, session = run.options, run.session
-        waits = close_seconds()
         try:
             os.makedirs(run_dir, exist_ok=True)
         except OSError as exc:
@@ -159,7 +156,6 @@ class Outputs:
             )
         outputs = cls(slug, run_dir, metrics, status, checkpointer, resumed_from)
         outputs.events = found[0] if found else run_dir
-        outputs.close_seconds = waits
         return outputs
 
     @property
@@ -215,7 +211,7 @@ class Outputs:
         if error is not None:
             fields["error"] = error
         self.status.update(**fields)
-        undelivered = self.metrics.close(timeout=self.close_seconds)
+        undelivered = self.metrics.close(timeout=30.0)
         summary: dict[str, Any] = {
             "checkpoint": self.last_checkpoint,
             "metrics": self.events or self.run_dir,

@@ -48,8 +48,6 @@ class Reporting:
     metrics_dir: str
     sinks: tuple[str, ...]
     settle_seconds: float
-    close_seconds: float = 30.0
-    """How long :meth:`close` waits for the sinks (``SEXPGPU_METRICS_CLOSE_SECONDS``)."""
     streams: dict[str, Any] = field(default_factory=dict)
 
     def stream(self, slug: str) -> Any:
@@ -78,7 +76,7 @@ class Reporting:
 
     def close(self) -> int:
         """Drain and close every stream; the count of events not delivered."""
-        return sum(stream.close(timeout=self.close_seconds) for stream in self.streams.values())
+        return sum(stream.close(timeout=30.0) for stream in self.streams.values())
 
 
 def read_evaluated(storage: Storage) -> dict[str, list[int]]:

@@ -8,7 +8,6 @@ import click
 
 from sexpgpu.catalog import Catalog
 from sexpgpu.errors import RunError, SexpError, UsageError
-from sexpgpu.metrics import close_seconds
 from sexpgpu.session import CheckpointOpener, evaluator
 from sexpgpu.signals import StopWatch, process_watch
 from sexpgpu_eval.follow import Evaluation, Reporting, Stopped, follow
@@ -34,18 +33,13 @@ def run_evaluate(
 ) -> int:
     """Evaluate as the command was asked; returns the exit status (``128 + n`` on a
     signal). A user's mistake raises a one-line :class:`sexpgpu.errors.SexpError`."""
-    waits = close_seconds()  # a bad setting is an error before anything is done
     watch = process_watch()
     owned = watch is None
     if watch is None:
         watch = StopWatch()
         watch.install()
     reporting = Reporting(
-        catalog,
-        metrics_dir or DEFAULT_METRICS_DIR,
-        tuple(sinks) or ("jsonl",),
-        settle,
-        close_seconds=waits,
+        catalog, metrics_dir or DEFAULT_METRICS_DIR, tuple(sinks) or ("jsonl",), settle
     )
     try:
         watch.loop_started()  # from here a signal stops at the next batch

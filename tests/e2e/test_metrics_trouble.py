@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from .helpers import experiments, run_sexpgpu, sexpgpu_env, start_sexpgpu, wait_for_step
+from .helpers import experiments, start_sexpgpu, wait_for_step
 
 
 def swap_for_dev_full(run_dir):
@@ -34,23 +34,20 @@ def test_events_that_cannot_be_written_are_reported(workdir, trouble):
     if trouble is swap_for_dev_full and not os.path.exists("/dev/full"):
         pytest.fail("this test needs /dev/full")
     proc = start_sexpgpu(
-        "run", "examples/my-run.sx", "--steps", "1000000", "--metrics-dir", "m", cwd=workdir,
-        env=sexpgpu_env(SEXPGPU_METRICS_CLOSE_SECONDS="2"),
-    )  # fmt: skip
+        "run", "examples/my-run.sx", "--steps", "1000000", "--metrics-dir", "m", cwd=workdir
+    )
     try:
         wait_for_step(workdir / "m", 3, proc)
         (run_dir,) = experiments(workdir / "m")
         reason = trouble(run_dir)
         # The "interrupted" annotation is made after the trouble: it cannot be delivered.
         proc.send_signal(signal.SIGTERM)
-        started = time.monotonic()
-        out, err = proc.communicate(timeout=180)  # the stream tries for 2 s at the end
+        out, err = proc.communicate(timeout=180)  # the stream tries for 30 s at the end
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
     assert proc.returncode == 128 + signal.SIGTERM, err
-    assert time.monotonic() - started < 25, "it waited for the sinks past its setting"
     logged = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
     warned = [r for r in logged if r["event"] == "metrics sink write failed; retrying"]
     assert warned and reason in warned[0]["error"]
@@ -84,15 +81,3 @@ def test_a_removed_events_file_is_opened_again(workdir):
     lines = (run_dir / "events.jsonl").read_text().splitlines()
     assert json.loads(lines[-1])["text"].startswith("interrupted by SIGTERM")
     assert "the metrics file was removed or replaced; opening it again" in err
-
-
-@pytest.mark.parametrize("value", ["soon", "-1", "nan", "inf"])
-def test_a_close_wait_that_is_not_seconds_is_one_line_before_the_run(workdir, value):
-    done = run_sexpgpu(
-        "run", "examples/my-run.sx", "--steps", "2", "--metrics-dir", "m", cwd=workdir,
-        env=sexpgpu_env(SEXPGPU_METRICS_CLOSE_SECONDS=value),
-    )  # fmt: skip
-    assert done.returncode != 0 and "Traceback" not in done.stderr
-    (line,) = [x for x in done.stderr.splitlines() if "SEXPGPU_METRICS_CLOSE_SECONDS" in x]
-    assert f"must be a number of seconds (0 or more), not {value!r}" in line
-    assert not any((workdir / "m").rglob("events.jsonl")), "it ran before the setting was read"

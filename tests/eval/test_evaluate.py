@@ -222,16 +222,3 @@ def test_a_checkpoint_of_another_run_is_one_line(workdir):
         "and other.sx defines 'otherrun'"
     )
     assert not eval_points(workdir, source="evaluate")
-
-
-def test_a_close_wait_that_is_not_seconds_is_one_line_before_evaluating(workdir):
-    train(workdir)
-    before = events(the_run(workdir))
-    result = run_sexpgpu(
-        "evaluate", "ck/step-00000004", "--metrics-dir", "m", cwd=workdir,
-        env=sexpgpu_env(SEXPGPU_METRICS_CLOSE_SECONDS="a while"),
-    )  # fmt: skip
-    assert result.returncode != 0
-    line = one_line(result.stderr)
-    assert "SEXPGPU_METRICS_CLOSE_SECONDS must be a number of seconds" in line
-    assert events(the_run(workdir)) == before, "it evaluated before the setting was read"
