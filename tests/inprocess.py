@@ -83,7 +83,7 @@ def _main(argv: list[str]) -> int:
 
 
 def _refuse_what_needs_a_process(argv: list[str], env: Mapping[str, str] | None) -> None:
-    command = _command(argv)
+    command = command_named(argv)
     if command in SUBPROCESS_ONLY:
         raise ValueError(f"sexpgpu {command} trains: run it in a subprocess")
     if "--watch" in argv:
@@ -92,7 +92,7 @@ def _refuse_what_needs_a_process(argv: list[str], env: Mapping[str, str] | None)
         raise ValueError("another PYTHONPATH (a throwaway plugin) needs a subprocess")
 
 
-def _command(argv: list[str]) -> str | None:
+def command_named(argv: list[str]) -> str | None:
     """The command ``argv`` names: its first word that is no option nor a root option's value."""
     takes_value = False
     for token in argv:

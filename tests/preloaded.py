@@ -51,6 +51,8 @@ import threading
 from collections import Counter
 from pathlib import Path
 
+from tests.inprocess import command_named
+
 FRESH_PROCESSES = "SEXPGPU_TEST_FRESH_PROCESSES"
 """Set to 1 to start every command in a fresh interpreter (the suite is slower)."""
 
@@ -134,7 +136,6 @@ class Preloader:
         # no PYTHONHASHSEED unless asked: each its own random seed; no PYTHONPATH:
         # each child puts its own in sys.path
         env.update(settings)
-        PRELOADERS.started += 1
         self.process = _ORIGINAL_POPEN(
             [
                 sys.executable,
@@ -187,10 +188,7 @@ class _Preloaders:
         self._lock = threading.Lock()
         self._seen: Counter[tuple[tuple[str, str], ...]] = Counter()
         self._pairs: dict[tuple[tuple[str, str], ...], list[Preloader]] = {}
-        self._turn: Counter[tuple[tuple[str, str], ...]] = Counter()
         self.disabled = 0  # > 0 inside a test marked fresh_process
-        self.started = 0
-        """How many preloaders this process has started."""
 
     def for_settings(self, settings: tuple[tuple[str, str], ...]) -> Preloader | None:
         with self._lock:
@@ -202,8 +200,7 @@ class _Preloaders:
             pair = self._pairs.get(settings)
             if pair is None:
                 pair = self._pairs[settings] = [Preloader(settings), Preloader(settings)]
-            self._turn[settings] += 1
-            return pair[self._turn[settings] % 2]
+            return pair[self._seen[settings] % 2]  # each in turn
 
     def shut_down(self) -> None:
         with self._lock:
@@ -228,11 +225,11 @@ def forkable(args: object, kwargs: dict) -> tuple[dict, Preloader] | None:
         argv, path0 = args, str(Path(args[0]).parent)
     else:
         return None
-    if _command(argv[1:]) not in FORKED_COMMANDS:
+    if command_named(argv[1:]) not in FORKED_COMMANDS:
         return None
     allowed = {"cwd", "env", "stdin", "stdout", "stderr", "text", "universal_newlines",
                "encoding", "errors", "start_new_session", "bufsize"}  # fmt: skip
-    if set(kwargs) - allowed or kwargs.get("executable"):
+    if set(kwargs) - allowed:
         return None
     env = dict(os.environ if kwargs.get("env") is None else kwargs["env"])
     preloader = PRELOADERS.for_settings(load_time_settings(env))
@@ -247,18 +244,6 @@ def forkable(args: object, kwargs: dict) -> tuple[dict, Preloader] | None:
         "new_session": bool(kwargs.get("start_new_session")),
     }
     return request, preloader
-
-
-def _command(args: list[str]) -> str | None:
-    takes_value = False
-    for token in args:
-        if takes_value:
-            takes_value = False
-        elif token in ("--log-format", "--log-level"):
-            takes_value = True
-        elif not token.startswith("-"):
-            return token
-    return None
 
 
 class Popen(_ORIGINAL_POPEN):
@@ -367,7 +352,7 @@ def serve() -> None:
         for key, _ in selector.select():
             if key.data == "stdin":
                 if not os.read(key.fd, 4096):
-                    return _leave(0)
+                    os._exit(0)  # the test process is done with it
             elif key.data == "accept":
                 connection, _ = listener.accept()
                 request, fds = _read_request(connection)
@@ -396,10 +381,6 @@ def serve() -> None:
                 except OSError:
                     pass  # the test is gone; so is its interest in the status
                 connection.close()
-
-
-def _leave(code: int) -> None:
-    os._exit(code)
 
 
 def _read_request(connection: socket.socket) -> tuple[dict, list[int]]:

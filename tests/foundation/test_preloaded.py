@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import signal
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from tests import preloaded
 from tests.catalogs import tiny_program
 
 SEXPGPU = [sys.executable, "-c", preloaded.CONSOLE_CODE]
+PIPES = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
 
 
 @pytest.fixture
@@ -31,64 +33,55 @@ def timeless(log: str) -> str:
     return re.sub(r'"timestamp": "[^"]*"', '"timestamp": ""', log)
 
 
-def both_ways(args: list[str], *, cwd: Path, env: dict[str, str]):
-    """``sexpgpu ARGS`` forked (twice: the first sighting of a setting starts fresh)
-    and in a fresh interpreter: (forked result, fresh result)."""
-    command = [*SEXPGPU, *args]
-    for _ in range(2):
-        forked = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True)
-    fresh = preloaded._ORIGINAL_POPEN(
-        command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-    out, err = fresh.communicate(timeout=120)
-    return forked, (fresh.returncode, out, err)
+def forked(args: list[str], *, cwd: Path, env: dict[str, str]) -> subprocess.Popen:
+    """``sexpgpu ARGS`` started from a preloader, and checked to be (a setting seen for
+    the first time starts a fresh interpreter, so these settings are shown once before)."""
+    subprocess.run([*SEXPGPU, "run", "missing.sx"], cwd=cwd, env=env, capture_output=True)
+    proc = subprocess.Popen([*SEXPGPU, *args], cwd=cwd, env=env, **PIPES)
+    assert proc._forked is not None, "the second sighting of these settings is forked"
+    return proc
+
+
+def fresh(args: list[str], *, cwd: Path, env: dict[str, str]) -> subprocess.Popen:
+    """``sexpgpu ARGS`` in a new interpreter, as a user's shell starts it."""
+    return preloaded._ORIGINAL_POPEN([*SEXPGPU, *args], cwd=cwd, env=env, **PIPES)
+
+
+def ending(proc: subprocess.Popen) -> tuple[int, str, str]:
+    out, err = proc.communicate(timeout=120)
+    return proc.returncode, out.decode(), timeless(err.decode())
 
 
 def test_a_user_error_ends_the_same_way_forked_or_fresh(tmp_path, env):
     (tmp_path / "bad.sx").write_text("(model m (linear 4\n")
-    forked, fresh = both_ways(["run", "bad.sx", "--steps", "1"], cwd=tmp_path, env=env)
-    assert (forked.returncode, forked.stdout, timeless(forked.stderr)) == (
-        fresh[0],
-        fresh[1],
-        timeless(fresh[2]),
-    )
-    assert forked.returncode != 0 and "Traceback" not in forked.stderr
+    args = ["run", "bad.sx", "--steps", "1"]
+    code, out, err = ending(forked(args, cwd=tmp_path, env=env))
+    assert (code, out, err) == ending(fresh(args, cwd=tmp_path, env=env))
+    assert code != 0 and "Traceback" not in err
 
 
 def test_a_run_writes_the_same_checkpoint_bytes_forked_or_fresh(tmp_path, env):
-    results = {}
-    for way in ("forked", "fresh"):
-        folder = tmp_path / way
-        folder.mkdir()
-        (folder / "tiny.sx").write_text(tiny_program("tiny", checkpoint_every=2))
-        args = [*SEXPGPU, "run", "tiny.sx", "--checkpoint-dir", "ckpt"]
-        if way == "forked":
-            subprocess.run(args, cwd=folder, env=env, capture_output=True)  # a first sighting
-            done = subprocess.run(args[:-2] + ["--checkpoint-dir", "c2"], cwd=folder, env=env,
-                                  capture_output=True, text=True)  # fmt: skip
-            assert isinstance(done, subprocess.CompletedProcess) and done.returncode == 0
-            results[way] = folder / "c2"
-        else:
-            proc = preloaded._ORIGINAL_POPEN(args, cwd=folder, env=env)
-            assert proc.wait(120) == 0
-            results[way] = folder / "ckpt"
-    forked = sorted(
-        p.relative_to(results["forked"]) for p in results["forked"].rglob("*.safetensors")
+    (tmp_path / "tiny.sx").write_text(tiny_program("tiny", checkpoint_every=2))
+    for way, start in (("forked", forked), ("fresh", fresh)):
+        code, _, err = ending(
+            start(["run", "tiny.sx", "--checkpoint-dir", way], cwd=tmp_path, env=env)
+        )
+        assert code == 0, err
+    files = sorted(
+        p.relative_to(tmp_path / "fresh") for p in (tmp_path / "fresh").rglob("*.safetensors")
     )
-    fresh = sorted(p.relative_to(results["fresh"]) for p in results["fresh"].rglob("*.safetensors"))
-    assert forked == fresh and len(forked) == 4  # two checkpoints of two tensor files
-    for name in forked:
-        assert (results["forked"] / name).read_bytes() == (results["fresh"] / name).read_bytes()
+    assert len(files) == 4  # two checkpoints of two tensor files
+    assert files == sorted(
+        p.relative_to(tmp_path / "forked") for p in (tmp_path / "forked").rglob("*.safetensors")
+    )
+    for name in files:
+        assert (tmp_path / "forked" / name).read_bytes() == (tmp_path / "fresh" / name).read_bytes()
 
 
 def test_a_forked_child_is_the_pid_the_test_signals_and_reports_its_death(tmp_path, env):
     long = tiny_program("long", checkpoint_every=1).replace(":steps 4", ":steps 1000000")
     (tmp_path / "long.sx").write_text(long)
-    args = [*SEXPGPU, "run", "long.sx", "--checkpoint-dir", "ckpt"]
-    subprocess.run([*SEXPGPU, "run", "missing.sx"], cwd=tmp_path, env=env, capture_output=True)
-    proc = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)  # fmt: skip
-    assert proc._forked is not None, "the second sighting of these settings is forked"
+    proc = forked(["run", "long.sx", "--checkpoint-dir", "ckpt"], cwd=tmp_path, env=env)
     deadline = time.monotonic() + 120
     while not (tmp_path / "ckpt").exists():  # the child is training
         assert proc.poll() is None and time.monotonic() < deadline
@@ -97,26 +90,21 @@ def test_a_forked_child_is_the_pid_the_test_signals_and_reports_its_death(tmp_pa
     assert proc.wait(30) == -signal.SIGKILL
     with pytest.raises(ProcessLookupError):
         os.kill(proc.pid, 0)
-    proc.stdout.close()
-    proc.stderr.close()
+    proc.communicate()
 
 
 def test_what_a_fork_cannot_honour_starts_a_fresh_interpreter(tmp_path, env):
-    other = {**env, "OMP_NUM_THREADS": "2"}
-    for _ in range(1):  # a setting seen once is not worth a preloader
-        proc = subprocess.Popen([*SEXPGPU, "run", "missing.sx"], cwd=tmp_path, env=other,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-        assert proc._forked is None
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    # a load-time setting never seen before is not worth a preloader
+    unseen = {**env, "TORCH_PRELOAD_TEST": secrets.token_hex(8)}
+    for command, extra in (
+        (["run", "missing.sx"], {"env": unseen}),
+        (["check", "missing.sx"], {"env": env}),  # only the commands that import torch
+        (["run", "missing.sx"], {"env": env, "preexec_fn": os.getpid}),
+    ):
+        proc = subprocess.Popen([*SEXPGPU, *command], cwd=tmp_path, **quiet, **extra)
+        assert proc._forked is None, (command, extra)
         proc.wait(60)
-    check = subprocess.Popen([*SEXPGPU, "check", "missing.sx"], cwd=tmp_path, env=env,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-    assert check._forked is None, "only the commands that import torch are forked"
-    check.wait(60)
-    with_hook = subprocess.Popen([*SEXPGPU, "run", "missing.sx"], cwd=tmp_path, env=env,
-                                 preexec_fn=os.getpid, stdout=subprocess.DEVNULL,
-                                 stderr=subprocess.DEVNULL)  # fmt: skip
-    assert with_hook._forked is None
-    with_hook.wait(60)
 
 
 @pytest.mark.fresh_process
@@ -126,3 +114,12 @@ def test_a_test_marked_fresh_process_forks_nothing(tmp_path, env):
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
         assert proc._forked is None
         proc.wait(60)
+
+
+def test_two_forks_in_a_row_come_from_two_interpreters(tmp_path, env):
+    # each preloader has its own string-hash seed: a run and its resume never share one
+    first = forked(["run", "missing.sx"], cwd=tmp_path, env=env)
+    second = subprocess.Popen([*SEXPGPU, "run", "missing.sx"], cwd=tmp_path, env=env, **PIPES)
+    assert second._forked is not None
+    assert second._forked[1].process.pid != first._forked[1].process.pid
+    ending(first), ending(second)
