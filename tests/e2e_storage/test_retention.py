@@ -43,25 +43,29 @@ def test_keep_last_and_kill_9_during_deletions(bucket: Bucket, workdir):
     args = ["run", source, "--steps", str(STEPS), "--checkpoint-dir", bucket.uri(prefix)]
     args += ["--resume", "latest", "--keep-last", "2", "--metrics-dir", "m"]
     chance = random.Random()
+    killed = 0
     for attempt in range(5):
         proc = start_sexpgpu(*args, cwd=workdir, env=bucket.env())
+        # A moment of the run's progress, not of the clock (a start-up may take 0.3 s
+        # or 3 s): a deletion part way, or a random step's checkpoint stored.
+        at_step = chance.randint(2, STEPS - 3)
         try:
             deadline = time.monotonic() + 120  # only guards against a hang
-            at = time.monotonic() + chance.uniform(2.0, 4.0)
             while time.monotonic() < deadline and proc.poll() is None:
-                # A deletion part way ends the wait early; otherwise a random moment.
-                if time.monotonic() >= at or (
-                    attempt % 2 == 0 and deleting(folders(bucket, prefix))
-                ):
+                by_step = folders(bucket, prefix)
+                stored = [n for n, files in by_step.items() if "experiment.json" in files]
+                if (attempt % 2 == 0 and deleting(by_step)) or max(stored, default=0) >= at_step:
                     break
                 time.sleep(0.005)
         finally:
             proc.send_signal(signal.SIGKILL)
             out, err = proc.communicate(timeout=60)
         assert proc.returncode in (-signal.SIGKILL, 0), err
+        killed += proc.returncode == -signal.SIGKILL
         for step, files in folders(bucket, prefix).items():
             if "experiment.json" in files:  # a complete checkpoint is whole
                 assert set(CHECKPOINT_FILES) <= files, (step, files)
+    assert killed >= 3, "the runs ended before the kills: they tested nothing"
     final = run_sexpgpu(*args, cwd=workdir, env=bucket.env())
     assert final.returncode == 0, final.stderr
     complete = sorted(n for n, f in folders(bucket, prefix).items() if "experiment.json" in f)
