@@ -102,3 +102,21 @@ def test_reading_headers_transfers_little(gcs_emulator, gcs_bucket, monkeypatch)
         assert 0 < proxy.downstream < 1 << 20
     finally:
         proxy.stop()
+
+
+def test_the_client_starts_no_thread_of_its_own(gcs_emulator, gcs_bucket, monkeypatch):
+    # google-cloud-storage would otherwise look up the bucket's metadata from a
+    # background thread on each call (a request nobody asked for, up to 10 s long)
+    import threading
+
+    point_gcs_at(monkeypatch, gcs_emulator.url)
+    switch = "DISABLE_GCS_PYTHON_CLIENT_OTEL_BUCKET_METADATA"
+    monkeypatch.setenv(switch, "")  # recorded, so that what the backend sets is undone
+    monkeypatch.delenv(switch)
+    started = []
+    start = threading.Thread.start
+    monkeypatch.setattr(threading.Thread, "start", lambda t: (started.append(t.name), start(t))[1])
+    store = GcsStorage(f"gs://{gcs_bucket}/{unique_prefix()}")
+    store.write("a.json", b"{}")
+    assert store.read_range("a.json", 0, 2) == b"{}"
+    assert started == []
