@@ -60,22 +60,28 @@ def test_a_user_error_ends_the_same_way_forked_or_fresh(tmp_path, env):
     assert code != 0 and "Traceback" not in err
 
 
-def test_a_run_writes_the_same_checkpoint_bytes_forked_or_fresh(tmp_path, env):
+@pytest.mark.parametrize(
+    "lowering",
+    # a preloader for the compile cache has torch's compiler imported too
+    ["torch", pytest.param("compiled", marks=pytest.mark.slow)],
+)
+def test_a_run_writes_the_same_checkpoint_bytes_forked_or_fresh(
+    tmp_path, env, lowering, torch_compile_cache
+):
+    if lowering == "compiled":
+        env = {**env, "TORCHINDUCTOR_CACHE_DIR": str(torch_compile_cache)}
     (tmp_path / "tiny.sx").write_text(tiny_program("tiny", checkpoint_every=2))
+    written = {}
     for way, start in (("forked", forked), ("fresh", fresh)):
-        code, _, err = ending(
-            start(["run", "tiny.sx", "--checkpoint-dir", way], cwd=tmp_path, env=env)
-        )
+        args = ["run", "tiny.sx", "--checkpoint-dir", way, "--lowering", lowering]
+        code, _, err = ending(start(args, cwd=tmp_path, env=env))
         assert code == 0, err
-    files = sorted(
-        p.relative_to(tmp_path / "fresh") for p in (tmp_path / "fresh").rglob("*.safetensors")
-    )
-    assert len(files) == 4  # two checkpoints of two tensor files
-    assert files == sorted(
-        p.relative_to(tmp_path / "forked") for p in (tmp_path / "forked").rglob("*.safetensors")
-    )
-    for name in files:
-        assert (tmp_path / "forked" / name).read_bytes() == (tmp_path / "fresh" / name).read_bytes()
+        folder = tmp_path / way
+        written[way] = {
+            str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*.safetensors")
+        }
+    assert len(written["fresh"]) == 4  # two checkpoints of two tensor files
+    assert written["forked"] == written["fresh"]
 
 
 def test_a_forked_child_is_the_pid_the_test_signals_and_reports_its_death(tmp_path, env):
