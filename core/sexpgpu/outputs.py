@@ -202,16 +202,16 @@ class Outputs:
         if self.checkpointer is not None:
             self.checkpointer.wait()
 
-    def close(self, state: str, step: int, error: str | None) -> dict[str, Any]:
-        """Stop the writer, write the last status, drain the metrics; returns the
-        summary's fields (where the checkpoint, the metrics and the status are)."""
+    def close(self, state: str, step: int, error: str | None, wait: float) -> dict[str, Any]:
+        """Stop the writer, write the last status, drain the metrics for up to ``wait``
+        seconds; returns the summary's fields (where the checkpoint, metrics, status are)."""
         if self.checkpointer is not None:
             self.checkpointer.close()
         fields: dict[str, Any] = {"state": state, "step": step, "checkpoint": self.last_checkpoint}
         if error is not None:
             fields["error"] = error
         self.status.update(**fields)
-        undelivered = self.metrics.close(timeout=30.0)
+        undelivered = self.metrics.close(timeout=wait)
         summary: dict[str, Any] = {
             "checkpoint": self.last_checkpoint,
             "metrics": self.events or self.run_dir,

@@ -47,6 +47,8 @@ class RunOptions:
     resume: str | None = None
     keep_last: int | None = None
     """``--keep-last``: wins over the file's ``:keep-last``."""
+    metrics_wait: float = 30.0
+    """``--metrics-wait``: seconds the end of the run waits for its metrics sinks."""
     reporter: Callable[[int, int, int | None], Reporter] = lambda total, step, tokens: Quiet()
     """Makes the run's :class:`Reporter` from (total steps, first step, tokens so far)."""
 
@@ -376,6 +378,6 @@ class Run:
     def _finish(self, state: str, error: str | None = None) -> None:
         """Write the last status, drain the metrics, stop the writer, tell the summary."""
         self.reporter.close()
-        summary = self.outputs.close(state, self.step, error)
+        summary = self.outputs.close(state, self.step, error, self.options.metrics_wait)
         self.watch.ended()  # from `run <state>` on, no signal changes the outcome
         self.reporter.summary(state, self.step, **summary)

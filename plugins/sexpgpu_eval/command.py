@@ -54,6 +54,16 @@ DEFAULT_POLL = 10.0
     show_default=True,
     help="Seconds a pass's points may take to reach every sink before it is an error.",
 )
+@click.option(
+    "--metrics-wait",
+    type=click.FloatRange(min=0),
+    default=30.0,
+    envvar="SEXPGPU_METRICS_WAIT",
+    show_default=True,
+    metavar="SECONDS",
+    help="At the end, how long to wait for the metrics sinks to take every event; "
+    "what they have not taken by then is counted as undelivered.",
+)
 def evaluate(
     location: str,
     follow: bool,
@@ -65,6 +75,7 @@ def evaluate(
     metrics_dir: str | None,
     sinks: tuple[str, ...],
     settle: float,
+    metrics_wait: float,
 ) -> None:
     """Evaluate a checkpoint's eval passes into its run's metrics experiment.
 
@@ -88,6 +99,7 @@ def evaluate(
         metrics_dir=metrics_dir,
         sinks=sinks,
         settle=settle,
+        metrics_wait=metrics_wait,
     )
     if code:
         raise SystemExit(code)

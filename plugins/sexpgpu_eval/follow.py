@@ -48,6 +48,8 @@ class Reporting:
     metrics_dir: str
     sinks: tuple[str, ...]
     settle_seconds: float
+    wait_seconds: float = 30.0
+    """How long :meth:`close` waits for the sinks to take every event."""
     streams: dict[str, Any] = field(default_factory=dict)
 
     def stream(self, slug: str) -> Any:
@@ -76,7 +78,7 @@ class Reporting:
 
     def close(self) -> int:
         """Drain and close every stream; the count of events not delivered."""
-        return sum(stream.close(timeout=30.0) for stream in self.streams.values())
+        return sum(stream.close(timeout=self.wait_seconds) for stream in self.streams.values())
 
 
 def read_evaluated(storage: Storage) -> dict[str, list[int]]:

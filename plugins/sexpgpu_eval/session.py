@@ -30,6 +30,7 @@ def run_evaluate(
     metrics_dir: str | None,
     sinks: Sequence[str],
     settle: float,
+    metrics_wait: float = 30.0,
 ) -> int:
     """Evaluate as the command was asked; returns the exit status (``128 + n`` on a
     signal). A user's mistake raises a one-line :class:`sexpgpu.errors.SexpError`."""
@@ -39,7 +40,11 @@ def run_evaluate(
         watch = StopWatch()
         watch.install()
     reporting = Reporting(
-        catalog, metrics_dir or DEFAULT_METRICS_DIR, tuple(sinks) or ("jsonl",), settle
+        catalog,
+        metrics_dir or DEFAULT_METRICS_DIR,
+        tuple(sinks) or ("jsonl",),
+        settle,
+        metrics_wait,
     )
     try:
         watch.loop_started()  # from here a signal stops at the next batch

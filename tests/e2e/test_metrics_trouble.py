@@ -1,5 +1,7 @@
 """A metrics folder that fills up or stops taking the events file mid-run is reported: a
-warning when it happens, and the undelivered events in the closing summary."""
+warning when it happens, and the undelivered events in the closing summary. The runs
+are told to wait ``WAIT`` seconds for their sinks at the end (``--metrics-wait``),
+not the default 30: the stop must come well before the default would end it."""
 
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ import time
 import pytest
 
 from .helpers import experiments, start_sexpgpu, wait_for_step
+
+WAIT = 2  # seconds (--metrics-wait); the default is 30
 
 
 def swap_for_dev_full(run_dir):
@@ -34,7 +38,15 @@ def test_events_that_cannot_be_written_are_reported(workdir, trouble):
     if trouble is swap_for_dev_full and not os.path.exists("/dev/full"):
         pytest.fail("this test needs /dev/full")
     proc = start_sexpgpu(
-        "run", "examples/my-run.sx", "--steps", "1000000", "--metrics-dir", "m", cwd=workdir
+        "run",
+        "examples/my-run.sx",
+        "--steps",
+        "1000000",
+        "--metrics-dir",
+        "m",
+        "--metrics-wait",
+        str(WAIT),
+        cwd=workdir,  # fmt: skip
     )
     try:
         wait_for_step(workdir / "m", 3, proc)
@@ -42,12 +54,16 @@ def test_events_that_cannot_be_written_are_reported(workdir, trouble):
         reason = trouble(run_dir)
         # The "interrupted" annotation is made after the trouble: it cannot be delivered.
         proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=180)  # the stream tries for 30 s at the end
+        signalled = time.monotonic()
+        out, err = proc.communicate(timeout=180)
+        stopping = time.monotonic() - signalled
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
     assert proc.returncode == 128 + signal.SIGTERM, err
+    # the sink can never deliver: the stop waited WAIT seconds for it, not the default 30
+    assert stopping < 30, stopping
     logged = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
     warned = [r for r in logged if r["event"] == "metrics sink write failed; retrying"]
     assert warned and reason in warned[0]["error"]
@@ -62,7 +78,15 @@ def test_events_that_cannot_be_written_are_reported(workdir, trouble):
 
 def test_a_removed_events_file_is_opened_again(workdir):
     proc = start_sexpgpu(
-        "run", "examples/my-run.sx", "--steps", "1000000", "--metrics-dir", "m", cwd=workdir
+        "run",
+        "examples/my-run.sx",
+        "--steps",
+        "1000000",
+        "--metrics-dir",
+        "m",
+        "--metrics-wait",
+        str(WAIT),
+        cwd=workdir,  # fmt: skip
     )
     try:
         wait_for_step(workdir / "m", 3, proc)

@@ -49,6 +49,16 @@ THREADS = "cpu.threads"
     help="A metrics sink by name (repeatable); see `sexpgpu plugins`.",
 )
 @click.option(
+    "--metrics-wait",
+    type=click.FloatRange(min=0),
+    default=30.0,
+    envvar="SEXPGPU_METRICS_WAIT",
+    show_default=True,
+    metavar="SECONDS",
+    help="At the end, how long to wait for the metrics sinks to take every event; "
+    "what they have not taken by then is counted as undelivered.",
+)
+@click.option(
     "--checkpoint-dir",
     envvar="SEXPGPU_CHECKPOINT_DIR",
     help="Checkpoint location: a folder, file://, s3:// or gs://. Without it nothing is written.",
@@ -110,6 +120,7 @@ def run(
     max_restarts: int,
     metrics_dir: str,
     metrics_sinks: tuple[str, ...],
+    metrics_wait: float,
     checkpoint_dir: str | None,
     resume: str | None,
     choices: str,
@@ -157,6 +168,7 @@ def run(
         target=target,
         metrics_dir=metrics_dir,
         metrics_sinks=tuple(metrics_sinks),
+        metrics_wait=metrics_wait,
         checkpoint_dir=checkpoint_dir or None,
         resume=resume or None,
         keep_last=keep_last,
