@@ -119,22 +119,19 @@ def _no_thread_left_running():
 
 
 @pytest.fixture(scope="session")
-def run_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A folder shared by every pytest-xdist worker of this pytest run (the base temp
-    folder the workers' own ones are in), and by this process alone without xdist."""
-    base = tmp_path_factory.getbasetemp()
-    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-
-
-@pytest.fixture(scope="session")
-def torch_compile_cache(run_folder: Path) -> Path:
-    """The run's one folder of torch compile caches (``TORCHINDUCTOR_CACHE_DIR``: inductor's
-    FX graph cache and AOTAutograd's), shared by every worker: a program compiled once in
-    the run is read back by every later process, whichever worker starts it. torch
-    writes these caches atomically, so concurrent processes may share them."""
-    folder = run_folder / "torch-compile-cache"
-    folder.mkdir(exist_ok=True)
-    return folder
+def torch_compile_cache(request: pytest.FixtureRequest) -> Path:
+    """The suite's one folder of torch compile caches (``TORCHINDUCTOR_CACHE_DIR``:
+    inductor's FX graph cache and AOTAutograd's), shared by every worker and kept in
+    pytest's cache folder from one pytest run to the next (``pytest --cache-clear``
+    empties it; CI's clean clone starts cold): a program compiled once is read back
+    by every later process, whichever worker starts it. torch keys each entry by the
+    graph, its inputs, torch's version and the compiler's settings, and writes them
+    atomically, so concurrent processes and later runs may share them. A program the
+    suite has not seen (the drawn programs change with each commit) is compiled cold."""
+    cache = getattr(request.config, "cache", None)
+    if cache is None:  # pytest -p no:cacheprovider: a folder for this run alone
+        return request.getfixturevalue("tmp_path_factory").mktemp("torch-compile-cache")
+    return cache.mkdir("torch-compile-cache")
 
 
 # The tests that share a module- or package-scoped fixture (a trained run, a server,

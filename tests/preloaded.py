@@ -32,6 +32,14 @@ choices need other torch start-up settings than the preloader's cannot set them
 in a fork; the lowering checks that torch took every pin and refuses one it did
 not (``E-CHOICE-001``), so such a test fails rather than passes on other bits.
 
+A forked child forks its own `sexpgpu` processes from the test's preloaders too:
+``sexpgpu run --devices N`` is a launcher whose ranks torch's elastic agent starts
+as ``python -m sexpgpu_cli run ...`` (each rank's ``TORCHELASTIC_*`` settings are
+read only when it joins its group, so they are no load-time settings); each rank
+is a process of its own with a real pid the launcher signals and reaps through
+its ``Popen`` as before, and the ranks of one launcher come from the two
+preloaders in turn.
+
 :func:`install` (called by the suite's conftest) puts :class:`Popen` in place of
 ``subprocess.Popen``; :func:`shut_down` stops the preloaders.
 """
@@ -41,6 +49,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import runpy
 import selectors
 import socket
 import struct
@@ -58,6 +67,9 @@ FRESH_PROCESSES = "SEXPGPU_TEST_FRESH_PROCESSES"
 
 CONSOLE_CODE = "from sexpgpu_cli.main import main; main()"
 """The ``python -c`` snippet the tests run ``sexpgpu`` with."""
+
+MODULE = ["-m", "sexpgpu_cli"]
+"""How torch's elastic launcher (``sexpgpu run --devices N``) starts each rank."""
 
 FORKED_COMMANDS = frozenset({"run", "evaluate"})
 """The commands that import torch: the only ones a fork saves time on."""
@@ -103,6 +115,10 @@ LOAD_TIME_PREFIXES = (
 )
 """Settings read while an interpreter and torch start: a fork keeps its preloader's."""
 
+RUNTIME_ONLY = ("TORCHELASTIC_", "TORCH_NCCL_")
+"""Settings with a load-time prefix that torch reads only when a rank joins its group:
+what torch's elastic launcher sets for each rank."""
+
 REBUILT_AT_FORK = frozenset({"PYTHONUNBUFFERED", "PYTHONPATH", "PYTHONDONTWRITEBYTECODE"})
 """Load-time settings the child applies itself: its standard streams, ``sys.path``
 and ``sys.dont_write_bytecode``."""
@@ -120,13 +136,25 @@ def load_time_settings(env: dict[str, str]) -> tuple[tuple[str, str], ...]:
         sorted(
             (k, v)
             for k, v in env.items()
-            if k.startswith(LOAD_TIME_PREFIXES) and k not in REBUILT_AT_FORK
+            if k.startswith(LOAD_TIME_PREFIXES)
+            and not k.startswith(RUNTIME_ONLY)
+            and k not in REBUILT_AT_FORK
         )
     )
 
 
 class Preloader:
     """One helper process: torch imported, forking a child per request."""
+
+    process: subprocess.Popen | None = None
+
+    @classmethod
+    def reached_at(cls, settings: tuple[tuple[str, str], ...], address: str) -> Preloader:
+        """The test's preloader at ``address``, as a forked child asks it for its own
+        children (a launcher's ranks); the test alone stops it."""
+        preloader = cls.__new__(cls)
+        preloader.settings, preloader.address = settings, address
+        return preloader
 
     def __init__(self, settings: tuple[tuple[str, str], ...]) -> None:
         self.settings = settings
@@ -168,6 +196,8 @@ class Preloader:
 
     def stop(self) -> None:
         """End the preloader (its children, if any, go on as orphans would)."""
+        if self.process is None:
+            return
         if self.process.poll() is None:
             self.process.stdin.close()  # it ends when its stdin does
             try:
@@ -189,18 +219,31 @@ class _Preloaders:
         self._seen: Counter[tuple[tuple[str, str], ...]] = Counter()
         self._pairs: dict[tuple[tuple[str, str], ...], list[Preloader]] = {}
         self.disabled = 0  # > 0 inside a test marked fresh_process
+        self.adopted = False  # a forked child using the test's preloaders
 
     def for_settings(self, settings: tuple[tuple[str, str], ...]) -> Preloader | None:
         with self._lock:
             if self.disabled or os.environ.get(FRESH_PROCESSES, "") not in ("", "0"):
                 return None
             self._seen[settings] += 1
-            if self._seen[settings] < 2:
-                return None
             pair = self._pairs.get(settings)
             if pair is None:
+                if self._seen[settings] < 2 or self.adopted:
+                    return None
                 pair = self._pairs[settings] = [Preloader(settings), Preloader(settings)]
             return pair[self._seen[settings] % 2]  # each in turn
+
+    def known(self) -> list:
+        """Each set of settings with its preloaders' addresses, for a forked child."""
+        with self._lock:
+            return [[list(k), [p.address for p in pair]] for k, pair in self._pairs.items()]
+
+    def adopt(self, known: list) -> None:
+        """In a forked child: use the test's preloaders (:meth:`known`), start none."""
+        self.adopted = True
+        for settings, addresses in known:
+            key = tuple(tuple(item) for item in settings)
+            self._pairs[key] = [Preloader.reached_at(key, a) for a in addresses]
 
     def shut_down(self) -> None:
         with self._lock:
@@ -219,10 +262,16 @@ def forkable(args: object, kwargs: dict) -> tuple[dict, Preloader] | None:
     if not isinstance(args, (list, tuple)) or not all(isinstance(a, str) for a in args):
         return None
     args = list(args)
+    cwd = os.path.abspath(kwargs["cwd"]) if kwargs.get("cwd") is not None else os.getcwd()
+    module, unbuffered = None, False
     if args[:3] == [sys.executable, "-c", CONSOLE_CODE]:
         argv, path0 = ["-c", *args[3:]], ""
     elif args and args[0] == str(Path(sys.executable).with_name("sexpgpu")):
         argv, path0 = args, str(Path(args[0]).parent)
+    elif args[:1] == [sys.executable] and MODULE in (args[1:3], args[2:4]):
+        # torch's elastic launcher starting a rank: python [-u] -m sexpgpu_cli ...
+        unbuffered = args[1] == "-u"
+        argv, path0, module = ["-m", *args[4 if unbuffered else 3 :]], cwd, MODULE[1]
     else:
         return None
     if command_named(argv[1:]) not in FORKED_COMMANDS:
@@ -235,13 +284,15 @@ def forkable(args: object, kwargs: dict) -> tuple[dict, Preloader] | None:
     preloader = PRELOADERS.for_settings(load_time_settings(env))
     if preloader is None:
         return None
-    cwd = os.path.abspath(kwargs["cwd"]) if kwargs.get("cwd") is not None else os.getcwd()
     request = {
         "argv": argv,
         "path0": path0,
+        "module": module,
+        "unbuffered": unbuffered,
         "env": env,
         "cwd": cwd,
         "new_session": bool(kwargs.get("start_new_session")),
+        "preloaders": PRELOADERS.known(),
     }
     return request, preloader
 
@@ -400,7 +451,7 @@ def _become(request: dict, fds: list[int]) -> None:
     env = request["env"]
     os.environ.clear()
     os.environ.update(env)
-    _standard_streams(unbuffered=bool(env.get("PYTHONUNBUFFERED")))
+    _standard_streams(unbuffered=bool(env.get("PYTHONUNBUFFERED")) or request["unbuffered"])
     if request["new_session"]:
         os.setsid()
     os.chdir(request["cwd"])
@@ -410,6 +461,12 @@ def _become(request: dict, fds: list[int]) -> None:
     pythonpath = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     sys.path[:1] = [request["path0"], *pythonpath]
     sys.dont_write_bytecode = bool(env.get("PYTHONDONTWRITEBYTECODE"))
+    # its own sexpgpu processes (a launcher's ranks) come from the test's preloaders
+    PRELOADERS.adopt(request["preloaders"])
+    install()
+    if request["module"]:  # what python -m does
+        runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+        return
     main = type(sys)("__main__")
     main.__builtins__ = __builtins__  # type: ignore[attr-defined]
     sys.modules["__main__"] = main

@@ -129,3 +129,26 @@ def test_two_forks_in_a_row_come_from_two_interpreters(tmp_path, env):
     assert second._forked is not None
     assert second._forked[1].process.pid != first._forked[1].process.pid
     ending(first), ending(second)
+
+
+def _parent(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+def test_a_forked_launchers_ranks_are_forked_too_each_from_its_own_preloader(tmp_path, env):
+    from tests.distributed.kit import project, run_args, worker_pid
+
+    root = project(tmp_path)
+    proc = forked(run_args("--devices", "2", steps=1_000_000), cwd=root, env=env)
+    try:
+        ranks = [worker_pid(proc, rank) for rank in (0, 1)]
+        parents = {_parent(pid) for pid in ranks}
+        preloaders = {p.process.pid for pair in preloaded.PRELOADERS._pairs.values() for p in pair}
+        # torch's elastic launcher started them, through the forked launcher's Popen
+        assert len(parents) == 2 and parents <= preloaders, (parents, preloaders)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code, out, err = ending(proc)
+    assert code == 128 + signal.SIGTERM, err
+    assert "sexpgpu run: interrupted by SIGTERM" in err
