@@ -20,8 +20,9 @@ command it is asked to run. The child is a process of its own as a user's is:
 
 What a fork cannot give is kept out, or is loud: a command is forked only when its
 environment's load-time settings (``PYTHON*``, ``OMP_*``, ``MKL_*``,
-``TORCH*``, locale, ...) are exactly those the preloader started with (a
-preloader is started for a set seen twice); two preloaders per set take turns,
+``TORCH*``, locale, ...) are exactly those the preloader started with (the
+first preloader of a set is started when the set comes a second time, the
+other when it comes a third); two preloaders per set take turns,
 each with its own random string-hash seed, so two consecutive runs of a test
 (a run and its resume) never share one. Anything else (another command, a
 ``preexec_fn``, other descriptors, another interpreter or snippet) starts a
@@ -212,12 +213,13 @@ class Preloader:
 
 
 class _Preloaders:
-    """This test process's preloaders: two per set of load-time settings seen twice."""
+    """This test process's preloaders: two per set of load-time settings, the first
+    started when the settings come a second time, the other when they come a third."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._seen: Counter[tuple[tuple[str, str], ...]] = Counter()
-        self._pairs: dict[tuple[tuple[str, str], ...], list[Preloader]] = {}
+        self._pairs: dict[tuple[tuple[str, str], ...], list[Preloader | None]] = {}
         self.disabled = 0  # > 0 inside a test marked fresh_process
         self.adopted = False  # a forked child using the test's preloaders
 
@@ -226,29 +228,32 @@ class _Preloaders:
             if self.disabled or os.environ.get(FRESH_PROCESSES, "") not in ("", "0"):
                 return None
             self._seen[settings] += 1
-            pair = self._pairs.get(settings)
-            if pair is None:
-                if self._seen[settings] < 2 or self.adopted:
-                    return None
-                pair = self._pairs[settings] = [Preloader(settings), Preloader(settings)]
-            return pair[self._seen[settings] % 2]  # each in turn
+            if self._seen[settings] < 2 and not self.adopted:
+                return None
+            pair = self._pairs.setdefault(settings, [None, None])
+            turn = self._seen[settings] % 2  # each in turn
+            if pair[turn] is None and not self.adopted:
+                # the second one only once the settings come a third time: a preloader
+                # costs what a fresh interpreter does, so settings seen twice gain nothing
+                pair[turn] = Preloader(settings)
+            return pair[turn]
 
     def known(self) -> list:
         """Each set of settings with its preloaders' addresses, for a forked child."""
         with self._lock:
-            return [[list(k), [p.address for p in pair]] for k, pair in self._pairs.items()]
+            return [[list(k), [p and p.address for p in pair]] for k, pair in self._pairs.items()]
 
     def adopt(self, known: list) -> None:
         """In a forked child: use the test's preloaders (:meth:`known`), start none."""
         self.adopted = True
         for settings, addresses in known:
             key = tuple(tuple(item) for item in settings)
-            self._pairs[key] = [Preloader.reached_at(key, a) for a in addresses]
+            self._pairs[key] = [a and Preloader.reached_at(key, a) for a in addresses]
 
     def shut_down(self) -> None:
         with self._lock:
             for pair in self._pairs.values():
-                for preloader in pair:
+                for preloader in filter(None, pair):
                     preloader.stop()
             self._pairs.clear()
 

@@ -140,11 +140,13 @@ def test_a_forked_launchers_ranks_are_forked_too_each_from_its_own_preloader(tmp
     from tests.distributed.kit import project, run_args, worker_pid
 
     root = project(tmp_path)
+    ending(forked(["run", "missing.sx"], cwd=root, env=env))  # both preloaders started
     proc = forked(run_args("--devices", "2", steps=1_000_000), cwd=root, env=env)
     try:
         ranks = [worker_pid(proc, rank) for rank in (0, 1)]
         parents = {_parent(pid) for pid in ranks}
-        preloaders = {p.process.pid for pair in preloaded.PRELOADERS._pairs.values() for p in pair}
+        pairs = preloaded.PRELOADERS._pairs.values()
+        preloaders = {p.process.pid for pair in pairs for p in pair if p is not None}
         # torch's elastic launcher started them, through the forked launcher's Popen
         assert len(parents) == 2 and parents <= preloaders, (parents, preloaders)
     finally:
