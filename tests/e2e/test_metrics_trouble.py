@@ -16,6 +16,8 @@ import pytest
 from .helpers import experiments, start_sexpgpu, wait_for_step
 
 WAIT = 2  # seconds (--metrics-wait); the default is 30
+RUN = ["run", "examples/my-run.sx", "--steps", "1000000", "--metrics-dir", "m",
+       "--metrics-wait", str(WAIT)]  # fmt: skip
 
 
 def swap_for_dev_full(run_dir):
@@ -37,17 +39,7 @@ def folder_taken_away(run_dir):
 def test_events_that_cannot_be_written_are_reported(workdir, trouble):
     if trouble is swap_for_dev_full and not os.path.exists("/dev/full"):
         pytest.fail("this test needs /dev/full")
-    proc = start_sexpgpu(
-        "run",
-        "examples/my-run.sx",
-        "--steps",
-        "1000000",
-        "--metrics-dir",
-        "m",
-        "--metrics-wait",
-        str(WAIT),
-        cwd=workdir,  # fmt: skip
-    )
+    proc = start_sexpgpu(*RUN, cwd=workdir)
     try:
         wait_for_step(workdir / "m", 3, proc)
         (run_dir,) = experiments(workdir / "m")
@@ -77,17 +69,7 @@ def test_events_that_cannot_be_written_are_reported(workdir, trouble):
 
 
 def test_a_removed_events_file_is_opened_again(workdir):
-    proc = start_sexpgpu(
-        "run",
-        "examples/my-run.sx",
-        "--steps",
-        "1000000",
-        "--metrics-dir",
-        "m",
-        "--metrics-wait",
-        str(WAIT),
-        cwd=workdir,  # fmt: skip
-    )
+    proc = start_sexpgpu(*RUN, cwd=workdir)
     try:
         wait_for_step(workdir / "m", 3, proc)
         (run_dir,) = experiments(workdir / "m")
