@@ -48,7 +48,7 @@ class Reporting:
     metrics_dir: str
     sinks: tuple[str, ...]
     settle_seconds: float
-    wait_seconds: float = 30.0
+    wait_seconds: float
     """How long :meth:`close` waits for the sinks to take every event."""
     streams: dict[str, Any] = field(default_factory=dict)
 

@@ -30,7 +30,7 @@ def run_evaluate(
     metrics_dir: str | None,
     sinks: Sequence[str],
     settle: float,
-    metrics_wait: float = 30.0,
+    metrics_wait: float,
 ) -> int:
     """Evaluate as the command was asked; returns the exit status (``128 + n`` on a
     signal). A user's mistake raises a one-line :class:`sexpgpu.errors.SexpError`."""

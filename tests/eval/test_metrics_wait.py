@@ -1,10 +1,15 @@
-"""``sexpgpu evaluate --metrics-wait``: how long the end waits for the metrics sinks."""
+"""``--metrics-wait`` of ``sexpgpu run`` and ``sexpgpu evaluate``: how long the end waits
+for the metrics sinks."""
 
 from __future__ import annotations
 
 import threading
 
+import click
+import pytest
+
 from sexpgpu.metrics import MetricsStream
+from sexpgpu_cli.commands.run import run
 from sexpgpu_eval.command import evaluate
 from sexpgpu_eval.follow import Reporting
 
@@ -44,7 +49,21 @@ def test_the_end_waits_as_long_as_asked_and_counts_what_was_not_taken():
     assert undelivered == [2]
 
 
-def test_the_option_is_read_from_the_command_line_and_defaults_to_30_seconds():
-    asked = evaluate.make_context("evaluate", ["ck", "--metrics-wait", "0.5"])
-    assert asked.params["metrics_wait"] == 0.5
-    assert evaluate.make_context("evaluate", ["ck"]).params["metrics_wait"] == 30.0
+@pytest.mark.parametrize(
+    ("command", "argument"), [(evaluate, "ck"), (run, "my-run.sx")], ids=["evaluate", "run"]
+)
+def test_the_wait_is_asked_on_the_command_line_or_in_the_environment(
+    command, argument, monkeypatch
+):
+    monkeypatch.delenv("SEXPGPU_METRICS_WAIT", raising=False)
+
+    def asked(*more: str) -> float:
+        return command.make_context(command.name, [argument, *more]).params["metrics_wait"]
+
+    assert asked() == 30.0
+    assert asked("--metrics-wait", "0.5") == 0.5
+    monkeypatch.setenv("SEXPGPU_METRICS_WAIT", "2")
+    assert asked() == 2.0
+    assert asked("--metrics-wait", "0") == 0.0  # the command line wins
+    with pytest.raises(click.BadParameter):
+        asked("--metrics-wait", "-1")
