@@ -154,3 +154,19 @@ def test_a_forked_launchers_ranks_are_forked_too_each_from_its_own_preloader(tmp
         code, out, err = ending(proc)
     assert code == 128 + signal.SIGTERM, err
     assert "sexpgpu run: interrupted by SIGTERM" in err
+
+
+def test_forked_ranks_write_the_same_checkpoint_bytes_as_fresh_ones(tmp_path, env):
+    from tests.distributed.kit import project, run_args
+
+    args = run_args("--devices", "2", steps=4)
+    ending(forked(["run", "missing.sx"], cwd=tmp_path, env=env))  # both preloaders started
+    written = {}
+    for way, start in (("forked", forked), ("fresh", fresh)):
+        root = project(tmp_path / way)
+        code, _, err = ending(start(args, cwd=root, env=env))
+        assert code == 0, err
+        written[way] = {
+            str(p.relative_to(root)): p.read_bytes() for p in root.rglob("ckpt/**/*.safetensors")
+        }
+    assert written["fresh"] and written["forked"] == written["fresh"]
