@@ -4,7 +4,7 @@
 worker per device this way; ``sexpgpu run --devices N`` starts its workers so too.
 """
 
-from sexpgpu_cli.main import main
+from sexpgpu_cli.console import main  # first: it takes the signals
 
 if __name__ == "__main__":
     main()

@@ -1,7 +1,8 @@
-"""The ``sexpgpu`` console script: the signals are taken first, then everything else.
+"""The ``sexpgpu`` command: the signals are taken first, then everything else.
 
 Before click, the plugins or torch are imported, SIGTERM, SIGINT and SIGHUP
-are taken (:mod:`sexpgpu.signals`), so a signal at any moment of a command gives
+are taken (:mod:`sexpgpu.signals`; the console script has noted them from its
+first line, :mod:`sexpgpu_cli.console`), so a signal at any moment of a command gives
 one line and ``128 + n`` instead of a traceback or a silent death. As the
 console script (no ``argv``), they are kept until the process exits, so a
 command that has ended keeps its exit status whatever arrives after; called
@@ -12,14 +13,16 @@ The click group itself is :mod:`sexpgpu_cli.group`.
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 
 from sexpgpu.signals import Interrupted, StopWatch, interruption, watch_process
 from sexpgpu_cli.commands import BUILTIN_COMMANDS
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Console-script entry point."""
-    watch = watch_process()  # first thing: nothing heavy is imported yet
+def main(argv: list[str] | None = None, *, arrived: Sequence[int] = ()) -> None:
+    """Run the command ``argv`` names (``sys.argv`` when ``None``: the console script).
+    ``arrived``: the signals :mod:`sexpgpu_cli.console` noted before this."""
+    watch = watch_process(arrived)  # first thing: nothing heavy is imported yet
     args = sys.argv[1:] if argv is None else list(argv)
     try:
         code = _command(watch, args, console=argv is None)

@@ -104,6 +104,10 @@ def _number(value: Any) -> int | float:
     return float(value)
 
 
+def _error_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}".splitlines()[0]
+
+
 class _SinkWorker:
     """One sink's queue and the thread that delivers it."""
 
@@ -117,9 +121,11 @@ class _SinkWorker:
         linger: float,
         backoff: tuple[float, float],
     ) -> None:
+        from sexpgpu.log import get_logger
+
         self.sink = sink
         self.label = label
-        self.experiment = experiment
+        self.log = get_logger("sexpgpu.metrics").bind(sink=label, experiment=experiment)
         self.max_batch = max_batch
         self.linger = linger
         self.backoff_first, self.backoff_max = backoff
@@ -145,9 +151,6 @@ class _SinkWorker:
         return len(self.pending) + self.in_flight
 
     def _run(self) -> None:
-        from sexpgpu.log import get_logger
-
-        log = get_logger("sexpgpu.metrics")
         while True:
             self.wake.wait()
             self.wake.clear()
@@ -164,14 +167,14 @@ class _SinkWorker:
             size = min(len(self.pending), self.max_batch)
             self.in_flight = size
             batch = [self.pending.popleft() for _ in range(size)]
-            if not self._deliver(batch, log):
+            if not self._deliver(batch):
                 return
             self.delivered += size
             self.in_flight = 0
             # More may be left (a batch is bounded), or close() may be waiting.
             self.wake.set()
 
-    def _deliver(self, batch: list[dict[str, Any]], log: Any) -> bool:
+    def _deliver(self, batch: list[dict[str, Any]]) -> bool:
         delay = self.backoff_first
         attempt = 0
         while True:
@@ -183,26 +186,19 @@ class _SinkWorker:
                 # Log the first failure of a batch and then every tenth, so a
                 # sink that is down for an hour does not flood the log.
                 if attempt == 1 or attempt % 10 == 0:
-                    log.warning(
+                    self.log.warning(
                         "metrics sink write failed; retrying",
-                        sink=self.label,
-                        experiment=self.experiment,
                         events=len(batch),
                         attempt=attempt,
                         retry_in=round(delay, 3),
-                        error=f"{type(exc).__name__}: {exc}".splitlines()[0],
+                        error=_error_line(exc),
                     )
                 if self.abandon.wait(delay):
                     return False
                 delay = min(delay * 2, self.backoff_max)
                 continue
             if attempt > 1:
-                log.info(
-                    "metrics sink recovered",
-                    sink=self.label,
-                    experiment=self.experiment,
-                    attempts=attempt,
-                )
+                self.log.info("metrics sink recovered", attempts=attempt)
             return True
 
 
@@ -328,8 +324,6 @@ class MetricsStream:
         left to its (daemon) thread and not closed; every other sink is closed.
         Calling ``close`` again returns 0.
         """
-        from sexpgpu.log import get_logger
-
         with self._close_lock:
             if self._closed:
                 return 0
@@ -341,7 +335,6 @@ class MetricsStream:
         for worker in self._workers:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             worker.thread.join(left)
-        log = get_logger("sexpgpu.metrics")
         missing = 0
         for worker in self._workers:
             worker.abandon.set()
@@ -354,29 +347,14 @@ class MetricsStream:
             # under a write would race with it.
             worker.thread.join(_GRACE)
             if worker.thread.is_alive():
-                log.warning(
-                    "metrics sink did not finish; left open",
-                    sink=worker.label,
-                    experiment=self.experiment,
-                    undelivered=count,
-                )
+                worker.log.warning("metrics sink did not finish; left open", undelivered=count)
                 continue
             if count:
-                log.warning(
-                    "metrics events not delivered",
-                    sink=worker.label,
-                    experiment=self.experiment,
-                    undelivered=count,
-                )
+                worker.log.warning("metrics events not delivered", undelivered=count)
             try:
                 worker.sink.close()
             except Exception as exc:
-                log.warning(
-                    "metrics sink failed to close",
-                    sink=worker.label,
-                    experiment=self.experiment,
-                    error=f"{type(exc).__name__}: {exc}".splitlines()[0],
-                )
+                worker.log.warning("metrics sink failed to close", error=_error_line(exc))
         return missing
 
     def __enter__(self) -> MetricsStream:

@@ -23,6 +23,10 @@ The ``sexpgpu`` console script installs one watch first thing
 process exits (:meth:`StopWatch.hold_until_exit`); ``sexpgpu.train.run`` uses that
 one, or installs its own for the run's duration when called as a library.
 This module imports only the standard library, so that installing is quick.
+
+The handler never raises in the import system: raised in a module lock's weakref
+callback, an exception is dropped, or leaves the import lock held. There, and
+after an Interrupted was dropped (a ``__del__``), the watcher sends the signal again.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Iterable
 from types import FrameType
 
 __all__ = ["HANDLED", "Interrupted", "StopWatch", "interruption", "process_watch", "watch_process"]
@@ -45,10 +50,8 @@ PAIR_GRACE = 0.25
 
 
 class Interrupted(BaseException):
-    """Raised in the main thread when a signal arrives before the first step.
-
-    A BaseException so that no ``except Exception`` in library code swallows it.
-    """
+    """Raised in the main thread when a signal arrives before the first step (a
+    BaseException, so that no ``except Exception`` in library code swallows it)."""
 
     def __init__(self, signum: int):
         self.signum = signum
@@ -56,13 +59,9 @@ class Interrupted(BaseException):
 
 
 def interruption(error: BaseException) -> Interrupted | None:
-    """The :class:`Interrupted` that ``error`` is, or that caused it, if any.
-
-    The handler raises wherever the main thread happens to be, and some places
-    wrap what is raised there: an import that defines a class turns an exception
-    from a ``__set_name__`` into a ``RuntimeError`` (Python 3.11), for one. Such
-    an error is still the signal's, and must end the command as the signal does.
-    """
+    """The :class:`Interrupted` that ``error`` is, or that caused it, if any: some
+    places wrap what is raised there (Python 3.11 turns an exception from a
+    ``__set_name__`` into a ``RuntimeError``), and that error is still the signal's."""
     seen: set[int] = set()
     current: BaseException | None = error
     while current is not None and id(current) not in seen:
@@ -84,6 +83,7 @@ class StopWatch:
         self._settled: int | None = None
         self._fatal_deliveries = 0  # counted from the pipe: one byte per delivery
         self._raised = False
+        self._echoes = 0  # deliveries of our own making (_send_again): not counted
         self._armed = False  # no raise while install() itself runs
         self._ended = False
         self._previous: dict[int, object] = {}
@@ -117,13 +117,10 @@ class StopWatch:
         return self.signum is not None
 
     def settle(self, grace: float = PAIR_GRACE) -> tuple[str, int]:
-        """The stop's signal name and number, fixed from now on (the stop reports it).
-
-        A SIGHUP alone waits up to ``grace`` seconds for the SIGTERM that a machine
-        shutting down sends with it, so that pair, in either order, is one stop
-        named SIGTERM. Fixed before the stop is reported and its checkpoint written
-        (the spec's order); a signal after that changes nothing.
-        """
+        """The stop's signal name and number, fixed from now on (the stop reports it,
+        then writes its checkpoint: the spec's order). A SIGHUP alone waits up to
+        ``grace`` seconds for the SIGTERM a machine shutting down sends with it, so
+        that pair, in either order, is one stop named SIGTERM."""
         deadline = time.monotonic() + grace
         while True:
             with self._lock:
@@ -148,11 +145,9 @@ class StopWatch:
             self._ended = True
 
     def hold_until_exit(self) -> None:
-        """Ignore the three signals for the rest of the process (the CLI, at its end).
-
-        Python gives the signals their default action back while it shuts down,
-        so a signal then would kill a process whose outcome is already decided.
-        """
+        """Ignore the three signals for the rest of the process (the CLI, at its end):
+        Python gives them their default action back while it shuts down, which
+        would kill a process whose outcome is already decided."""
         global _process
         self.ended()
         for signum in HANDLED:
@@ -162,8 +157,9 @@ class StopWatch:
 
     # ---------------------------------------------------------- install/undo
 
-    def install(self) -> None:
-        """Take over the three signals (main thread only) and start counting deliveries."""
+    def install(self, arrived: Iterable[int] = ()) -> None:
+        """Take over the three signals (main thread only) and start counting deliveries;
+        ``arrived``: those that came before, noted by whoever had them (the console script)."""
         global _installed
         if threading.current_thread() is not threading.main_thread():
             raise ValueError("signals can only be taken in the main thread")
@@ -187,6 +183,9 @@ class StopWatch:
         for signum in HANDLED:
             self._previous[signum] = signal.signal(signum, self._handle)
         self._armed = True
+        with self._lock:  # noted, not counted: the pipe may have counted it already
+            for signum in list(arrived):  # after the handlers: none is missed in between
+                self._note(signum)
 
     def interrupt_if_stopping(self) -> None:
         """Raise :class:`Interrupted` now if a stopping signal has come and the loop
@@ -250,18 +249,34 @@ class StopWatch:
                 return
             self._note(signum)
             raise_now = self.raise_now and self._armed and not self._raised
+            if raise_now and _no_place_to_raise(frame):
+                os.write(self._fds[3], bytes([signum]))  # send it again (module docstring)
+                return
             self._raised = self._raised or raise_now
         if raise_now:
             raise Interrupted(self.signum or signum)
 
     def _unraisable(self, unraisable: sys.UnraisableHookArgs) -> None:
         if not isinstance(unraisable.exc_value, Interrupted):
-            self._previous_unraisable(unraisable)
+            return self._previous_unraisable(unraisable)
+        with self._lock:
+            self._raised = False
+            os.write(self._fds[3], bytes([unraisable.exc_value.signum]))  # send it again
+
+    def _send_again(self, signum: int) -> None:
+        with self._lock:
+            if self.raise_now and not self._ended and not self._raised:
+                self._echoes += 1  # the pipe counts this one too
+                # a real delivery, unlike _thread.interrupt_main: it wakes a sleeping call
+                signal.pthread_kill(threading.main_thread().ident or 0, signum)
 
     def _delivered(self, signum: int) -> None:
         """One delivery, read from the pipe by the watcher thread."""
         with self._lock:
             if self._ended or signum not in HANDLED:
+                return
+            if self._echoes:
+                self._echoes -= 1
                 return
             if signum in _FATAL_ON_SECOND:
                 self._fatal_deliveries += 1
@@ -274,7 +289,12 @@ class StopWatch:
         while True:
             ready, _, _ = select.select([read_fd, stop_fd], [], [])
             if stop_fd in ready:
-                return
+                asked = os.read(stop_fd, 256)
+                if b"x" in asked:
+                    return
+                time.sleep(0.001)  # the main thread moves on meanwhile
+                self._send_again(asked[-1])  # asked by the handler or the hook
+                continue
             try:
                 data = os.read(read_fd, 256)
             except BlockingIOError:
@@ -289,14 +309,20 @@ _process: StopWatch | None = None
 """The watch the console script installed for the whole process, if any."""
 
 
-def watch_process() -> StopWatch:
+def watch_process(arrived: Iterable[int] = ()) -> StopWatch:
     """Install the process's watch (the console script, first thing); kept until exit."""
     global _process
     if _process is None:
         watch = StopWatch()
-        watch.install()
+        watch.install(arrived)
         _process = watch
     return _process
+
+
+def _no_place_to_raise(frame: FrameType | None) -> bool:
+    # the import system (module docstring), or this module (the hook would drop it)
+    file = frame.f_code.co_filename if frame is not None else ""
+    return ("importlib" in file and "_bootstrap" in file) or file == __file__
 
 
 def process_watch() -> StopWatch | None:

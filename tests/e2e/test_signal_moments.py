@@ -216,16 +216,24 @@ def send_delivered(proc: subprocess.Popen, signum: int) -> None:
     )
 
 
-def finish(proc: subprocess.Popen) -> tuple[str, str]:
-    try:
-        return proc.communicate(timeout=BOUND)
-    except subprocess.TimeoutExpired:
-        masks = _masks(proc.pid)  # what it did with its signals says why it hung
-        proc.kill()
-        out, err = proc.communicate()
-        raise AssertionError(
-            f"sexpgpu hung ({masks}; ours {_masks(os.getpid())}):\n{err[-3000:]}"
-        ) from None
+def finish(proc: subprocess.Popen, went_on: Path | None = None) -> tuple[str, str]:
+    """``proc``'s output once it has ended; a hang, or the file ``went_on`` appearing
+    (the run reached a step it should not), fails at once with its stderr."""
+    deadline = time.monotonic() + BOUND
+    while went_on is not None and proc.poll() is None and time.monotonic() < deadline:
+        if went_on.exists():
+            break
+        time.sleep(0.01)  # the few kB a start-up logs fit in the pipes meanwhile
+    if went_on is None or not went_on.exists():
+        try:
+            return proc.communicate(timeout=max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            pass
+    masks = _masks(proc.pid)  # what it did with its signals says why it hung
+    proc.kill()
+    out, err = proc.communicate()
+    what = "went on" if went_on is not None and went_on.exists() else "hung"
+    raise AssertionError(f"sexpgpu {what} ({masks}; ours {_masks(os.getpid())}):\n{err[-3000:]}")
 
 
 def _masks(pid: int) -> str:
@@ -317,14 +325,14 @@ def test_a_signal_soon_after_launch(site, plugins, name, after):
     in_place = takes_signals(proc.pid)
     os.kill(proc.pid, NAMES[name])
     try:
-        out, err = finish(proc)
-    except AssertionError as hung:
+        out, err = finish(proc, went_on=site / "hold" / "entered-1")
+    except AssertionError as lost:
         if in_place or name != "SIGINT":
             raise
-        # Known and open (issue 15's closing note): on a loaded machine a SIGINT that
-        # lands before sexpgpu's handlers are in place is sometimes dropped by the
-        # interpreter, and the run goes on. Not yet explained; kept visible, not hidden.
-        pytest.xfail(f"a SIGINT before sexpgpu's handlers was dropped: {hung}")
+        # Before sexpgpu's first line (sexpgpu_cli.console), the interpreter's own
+        # start-up: a KeyboardInterrupt raised in a module lock's weakref callback is
+        # printed and dropped by Python, and the run goes on (docs/signals.md).
+        pytest.xfail(f"a SIGINT in the interpreter's start-up was dropped: {lost}")
     if in_place or proc.returncode == 128 + NAMES[name]:
         # sexpgpu's first lines had run: the whole of a start-up stop
         assert_stopped_at_start_up(site, proc, without_interpreter_report(err), name)

@@ -134,8 +134,8 @@ def test_an_interrupt_python_drops_is_neither_printed_nor_lost(tmp_path):
 
         def invoke(args):
             Signalled()  # collected at once, its exception dropped
-            from sexpgpu.signals import process_watch
-            process_watch().interrupt_if_stopping()
+            time.sleep(60)  # the watch raises it again, here, without being asked
+            print("not raised")
 
         group.invoke = invoke
         from sexpgpu_cli.main import main
@@ -145,6 +145,65 @@ def test_an_interrupt_python_drops_is_neither_printed_nor_lost(tmp_path):
     )
     assert result.returncode == 128 + signal.SIGTERM, result.stderr
     assert result.stderr == "sexpgpu run: interrupted by SIGTERM at step 0\n"
+
+
+IN_THE_IMPORT_SYSTEM = """
+import os, signal, sys, time
+from sexpgpu.signals import Interrupted, StopWatch
+
+# A frame of the import system's code, as a module lock's weakref callback runs in.
+scope = {}
+exec(compile("import sys; frame = sys._getframe()", "<frozen importlib._bootstrap>", "exec"), scope)
+watch = StopWatch()
+watch.install()
+try:
+    watch._handle(signal.SIGINT, scope["frame"])  # the handler, run there: no raise
+    print("not raised there", flush=True)
+    time.sleep(60)  # raised here instead, a moment later
+except Interrupted as stop:
+    print("raised after", stop.signum, flush=True)
+watch.loop_started()
+os.kill(os.getpid(), signal.SIGINT)  # the first delivery the pipe counts: the loop's stop
+while not watch.stopping:
+    time.sleep(0.001)
+time.sleep(0.2)
+print("counted once", flush=True)
+os.kill(os.getpid(), signal.SIGINT)  # the second: ends the process at once
+time.sleep(60)
+"""
+
+
+def test_a_signal_in_the_import_system_is_raised_once_the_main_thread_is_out(tmp_path):
+    # Raised in a module lock's weakref callback, Python would print and drop it, or
+    # leave the import lock held. The handler asks to run again instead, and the
+    # delivery it makes for that is not counted as a second signal.
+    result = run_python(IN_THE_IMPORT_SYSTEM, cwd=tmp_path)
+    assert result.returncode == 128 + signal.SIGINT, result.stderr
+    assert result.stdout == "not raised there\nraised after 2\ncounted once\n"
+    assert result.stderr == ""
+
+
+@pytest.mark.parametrize(
+    ("sent", "named"), [(["SIGINT"], "SIGINT"), (["SIGHUP", "SIGTERM", "SIGTERM"], "SIGTERM")]
+)
+def test_signals_the_console_script_noted_before_its_watch_stop_the_command(tmp_path, sent, named):
+    # sexpgpu_cli.console takes the signals at its first line and only notes them;
+    # the watch, installed after the imports it needs, acts on what was noted.
+    kills = "; ".join(f"os.kill(os.getpid(), signal.{name})" for name in sent)
+    example = Path(__file__).resolve().parents[2] / "examples" / "tiny-lm.sx"
+    result = run_python(
+        f"""
+        import os, signal, sys
+        import sexpgpu_cli.console as console
+        {kills}
+        sys.argv = ["sexpgpu", "run", {str(example)!r}, "--checkpoint-dir", "c"]
+        console.main()
+        """,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 128 + signal.Signals[named], result.stderr
+    assert result.stderr == f"sexpgpu run: interrupted by {named} at step 0\n"
+    assert not (tmp_path / "c").exists()
 
 
 def test_the_watch_gives_back_the_hook_for_dropped_exceptions():
