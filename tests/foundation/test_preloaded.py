@@ -138,6 +138,7 @@ def _parent(pid: int) -> int:
 
 def test_a_forked_launchers_ranks_are_forked_too_each_from_its_own_preloader(tmp_path, env):
     from tests.distributed.kit import project, run_args, worker_pid
+    from tests.e2e.helpers import wait_for_step
 
     root = project(tmp_path)
     ending(forked(["run", "missing.sx"], cwd=root, env=env))  # both preloaders started
@@ -149,6 +150,9 @@ def test_a_forked_launchers_ranks_are_forked_too_each_from_its_own_preloader(tmp
         preloaders = {p.process.pid for pair in pairs for p in pair if p is not None}
         # torch's elastic launcher started them, through the forked launcher's Popen
         assert len(parents) == 2 and parents <= preloaders, (parents, preloaders)
+        # the stop below is of a group that trains (a stop in its start-up: the
+        # closing note of issue 22, stop 33)
+        wait_for_step(root / "m", 1, proc)
     finally:
         proc.send_signal(signal.SIGTERM)
         code, out, err = ending(proc)
