@@ -249,7 +249,7 @@ class StopWatch:
                 return
             self._note(signum)
             raise_now = self.raise_now and self._armed and not self._raised
-            if raise_now and _no_place_to_raise(frame):
+            if raise_now and self._fds and _no_place_to_raise(frame):
                 os.write(self._fds[3], bytes([signum]))  # send it again (module docstring)
                 return
             self._raised = self._raised or raise_now
@@ -257,7 +257,7 @@ class StopWatch:
             raise Interrupted(self.signum or signum)
 
     def _unraisable(self, unraisable: sys.UnraisableHookArgs) -> None:
-        if not isinstance(unraisable.exc_value, Interrupted):
+        if not isinstance(unraisable.exc_value, Interrupted) or not self._fds:
             return self._previous_unraisable(unraisable)
         with self._lock:
             self._raised = False
