@@ -83,8 +83,8 @@ def configure(level: str = "info", fmt: str = "auto", stream: Any = None) -> Non
     _configured = True
 
 
-def get_logger(name: str = "sexpgpu") -> Any:
-    """A structlog logger; configures the defaults on first use."""
+def get_logger(name: str = "sexpgpu", **context: Any) -> Any:
+    """A structlog logger, ``context`` on each line, configured as at each call (defaults first)."""
     if not _configured:
         configure()
-    return structlog.get_logger(name)
+    return structlog.get_logger(name, **context)

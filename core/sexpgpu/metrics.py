@@ -125,7 +125,7 @@ class _SinkWorker:
 
         self.sink = sink
         self.label = label
-        self.log = get_logger("sexpgpu.metrics").bind(sink=label, experiment=experiment)
+        self.log = get_logger("sexpgpu.metrics", sink=label, experiment=experiment)
         self.max_batch = max_batch
         self.linger = linger
         self.backoff_first, self.backoff_max = backoff
