@@ -1,5 +1,7 @@
 """Programs drawn across what can move a resume's bits, and the check that a resume
-from every checkpoint equals the uninterrupted run, byte for byte.
+from every checkpoint equals the uninterrupted run, byte for byte, and that every
+eval pass, in the run, in a resumed run and in `sexpgpu evaluate`, reports the
+same numbers to the bit.
 
 Used by ``test_drawn_programs.py`` (a few programs per CI run) and by
 ``scripts/sweep_resume.py`` (the whole sweep). A program is drawn from a seed, so
@@ -8,6 +10,7 @@ a failing one is made again from the seed its test id or the sweep names.
 
 from __future__ import annotations
 
+import json
 import random
 import shutil
 import subprocess
@@ -21,6 +24,8 @@ from sexpgpu_torch.recompiles import RECOMPILED
 STEPS = 4
 """Steps of every drawn program, a checkpoint after each: resumes from steps 1, 2, 3."""
 FILES = ("params.safetensors", "states.safetensors")
+EVAL_EVERY = 2
+"""Every drawn program has an eval pass, ``probe``, after steps 2 and 4."""
 
 
 @dataclass(frozen=True)
@@ -109,7 +114,8 @@ def draw(seed: int, *, lowering: str) -> Drawn:
             "  :checkpoint-every 1",
             f"  :seed {seed % 1000}",
             f"  :precision {precision}",
-            f"  :guard-finite {'true' if guard else 'false'})",
+            f"  :guard-finite {'true' if guard else 'false'}",
+            f"  :evals ((eval probe :every {EVAL_EVERY} :batches 2 :metrics (loss accuracy))))",
             "",
         ]
     )
@@ -133,26 +139,30 @@ Runner = Callable[..., subprocess.CompletedProcess]
 
 def check_resumes(drawn: Drawn, folder: Path, *, lowering: str, run: Runner) -> list[str]:
     """Train ``drawn`` uninterrupted, then resume each of its checkpoints but the last
-    in a new process; the differences from the uninterrupted run's files, and any
-    graph compiled again after warm-up (none: ``[]``).
+    in a new process, and evaluate the uninterrupted run's checkpoints with
+    `sexpgpu evaluate --follow`; the differences from the uninterrupted run's files and
+    eval points, and any graph compiled again after warm-up (none: ``[]``).
 
     ``run(*args, cwd=folder)`` runs ``sexpgpu ARGS`` in a subprocess."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "drawn.sx").write_text(drawn.source)
     asked = [a for c in drawn.choose for a in ("--choose", c)]
     common = ["--lowering", lowering, *asked]
-    full = run("run", "drawn.sx", "--checkpoint-dir", "full", "--metrics-dir", "m", *common,
-               cwd=folder)  # fmt: skip
+    full = run("run", "drawn.sx", "--checkpoint-dir", "full", "--metrics-dir", "m-full",
+               *common, cwd=folder)  # fmt: skip
     if full.returncode != 0:
         return [f"the uninterrupted run failed: {full.stderr[-2000:]}"]
     differences = _recompiled("the uninterrupted run", full.stderr)
+    passes = eval_points(folder / "m-full")
+    if sorted(passes) != list(range(EVAL_EVERY, STEPS + 1, EVAL_EVERY)):
+        differences.append(f"the uninterrupted run's eval passes ran at steps {sorted(passes)}")
     for step in range(1, STEPS):
         name = f"from-{step}"
         step_dir = f"step-{step:08d}"
         (folder / name).mkdir()
         shutil.copytree(folder / "full" / step_dir, folder / name / step_dir)
-        resumed = run("run", "drawn.sx", "--checkpoint-dir", name, "--metrics-dir", "m",
-                      "--resume", "latest", *common, cwd=folder)  # fmt: skip
+        resumed = run("run", "drawn.sx", "--checkpoint-dir", name, "--metrics-dir",
+                      f"m-{name}", "--resume", "latest", *common, cwd=folder)  # fmt: skip
         if resumed.returncode != 0:
             differences.append(f"resumed from step {step}: failed: {resumed.stderr[-2000:]}")
             continue
@@ -162,7 +172,34 @@ def check_resumes(drawn: Drawn, folder: Path, *, lowering: str, run: Runner) -> 
                 path = f"step-{later:08d}/{file}"
                 if (folder / name / path).read_bytes() != (folder / "full" / path).read_bytes():
                     differences.append(f"resumed from step {step}: {path} differs")
+        later_passes = {s: v for s, v in passes.items() if s > step}
+        if eval_points(folder / f"m-{name}") != later_passes:
+            differences.append(f"resumed from step {step}: its eval points differ")
+    # the recorded lowering, as a user evaluates a finished run
+    evaluated = run("evaluate", "full", "--follow", "--poll", "0.1", "--metrics-dir", "m-eval",
+                    cwd=folder)  # fmt: skip
+    if evaluated.returncode != 0:
+        differences.append(f"sexpgpu evaluate failed: {evaluated.stderr[-2000:]}")
+    else:
+        differences += _recompiled("sexpgpu evaluate", evaluated.stderr)
+        if eval_points(folder / "m-eval", source="evaluate") != passes:
+            differences.append("sexpgpu evaluate's points differ from the run's own passes")
     return differences
+
+
+def eval_points(metrics: Path, source: str | None = None) -> dict[int, dict[str, float]]:
+    """The eval points of the one experiment under ``metrics``, by step: each metric's
+    value as written (``source``: only the points of that source, e.g. ``evaluate``)."""
+    points: dict[int, dict[str, float]] = {}
+    for events in sorted(metrics.glob("*/events.jsonl")):
+        for line in events.read_text().splitlines():
+            event = json.loads(line)
+            name = event.get("name", "")
+            if event.get("kind") != "point" or not name.startswith("probe/"):
+                continue
+            if source is None or event.get("source") == source:
+                points.setdefault(event["step"], {})[name] = event["value"]
+    return points
 
 
 def _recompiled(which: str, stderr: str) -> list[str]:

@@ -6,8 +6,9 @@ recompute, a frozen parameter) from a seed taken from the commit, so every commi
 tries other ones and a failure names the seed that makes it again. Each program
 trains uninterrupted with a checkpoint after every step, on two CPU threads as a
 user's machine would; each checkpoint is resumed in a new process, and every later
-checkpoint must hold the uninterrupted run's bytes. ``scripts/sweep_resume.py``
-runs the whole sweep.
+checkpoint must hold the uninterrupted run's bytes. Each program's eval pass
+reports the same numbers to the bit in the run, in every resumed run and in
+`sexpgpu evaluate --follow`. ``scripts/sweep_resume.py`` runs the whole sweep.
 """
 
 from __future__ import annotations
