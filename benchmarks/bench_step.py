@@ -25,7 +25,8 @@ EXAMPLE = REPO / "examples" / "tiny-lm.sx"
 
 def _hand_written(params0: dict, program, attention: str, compile_model: bool = False):
     """tiny-lm as one would write it in PyTorch: modules, torch.optim.AdamW, clipping;
-    with ``compile_model`` the module goes through ``torch.compile`` (bench_compiled.py)."""
+    with ``compile_model`` the module goes through ``torch.compile`` (bench_compiled.py).
+    The step function returned has ``.evaluate(batch)``: the loss with no grad."""
     import torch
     import torch.nn.functional as F
     from torch import nn
@@ -156,6 +157,18 @@ def _hand_written(params0: dict, program, attention: str, compile_model: bool = 
         opt.step()
         return loss.item()
 
+    def evaluate(batch) -> float:
+        # as nanoGPT's estimate_loss: the same module with no grad, its own graph
+        with torch.no_grad():
+            logits = model(torch.from_numpy(batch["inputs"]))
+            loss = F.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]),
+                torch.from_numpy(batch["targets"]).reshape(-1),
+                ignore_index=-1,
+            )
+        return loss.item()
+
+    step.evaluate = evaluate  # type: ignore[attr-defined]
     return step
 
 
