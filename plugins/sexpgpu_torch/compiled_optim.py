@@ -7,9 +7,11 @@ scalars, which a trace can only bake in: every step would compile again. Here th
 same numbers are computed on the host as the eager update computes them and enter
 the graph as 0-d tensors, so one graph serves every step of a run and every resume
 of it; the options (betas, decay) are constants of the graph. The arithmetic is
-the eager update's, term by term, written per tensor so inductor fuses each
-parameter's update into one kernel. An optimizer this module does not know (a
-plugin's) runs its own update, uncompiled.
+the eager update's, term by term, written with torch's ``_foreach_*`` ops: each
+term is one op of the trace for every tensor, not one per tensor, so a start traces
+a few ops where it traced hundreds (a warm second start pays that trace again), and
+inductor still fuses each tensor's terms into its kernels. An optimizer this module
+does not know (a plugin's) runs its own update, uncompiled.
 """
 
 from __future__ import annotations
@@ -32,8 +34,13 @@ def _host(value: float) -> Tensor:
     return torch.tensor(eager.f32_scalar(value), dtype=torch.float32)
 
 
-def _back(new: Tensor, like: Tensor) -> Tensor:
-    return new if new.dtype == like.dtype else new.to(like.dtype)
+def _f32(tensors: Sequence[Tensor]) -> list[Tensor]:
+    # the dtype is known while tracing: an f32 tensor adds no op to the graph
+    return [t if t.dtype == torch.float32 else t.float() for t in tensors]
+
+
+def _back(new: Sequence[Tensor], like: Sequence[Tensor]) -> list[Tensor]:
+    return [n if n.dtype == t.dtype else n.to(t.dtype) for n, t in zip(new, like, strict=True)]
 
 
 def _sgd_graph(options: Mapping[str, Any], decay: Sequence[bool]) -> Callable[..., Any]:
@@ -42,17 +49,15 @@ def _sgd_graph(options: Mapping[str, Any], decay: Sequence[bool]) -> Callable[..
     nesterov = bool(options.get("nesterov", False))
 
     def update(params, grads, states, neg_lr):  # noqa: ANN001
-        new_params, bufs = [], []
-        for i, (p, g) in enumerate(zip(params, grads, strict=True)):
-            p32, g = p.float(), g.float()
-            if wd:
-                g = g + p32 * wd
-            if momentum > 0:
-                buf = states["momentum"][i] * momentum + g
-                bufs.append(buf)
-                g = g + buf * momentum if nesterov else buf
-            new_params.append(_back(p32 + g * neg_lr, p))
-        return new_params, ({"momentum": bufs} if momentum > 0 else {})
+        p32, g = _f32(params), _f32(grads)
+        if wd:
+            g = torch._foreach_add(g, torch._foreach_mul(p32, wd))
+        bufs: list[Tensor] = []
+        if momentum > 0:
+            bufs = torch._foreach_add(torch._foreach_mul(states["momentum"], momentum), g)
+            g = torch._foreach_add(g, torch._foreach_mul(bufs, momentum)) if nesterov else bufs
+        new_params = torch._foreach_add(p32, torch._foreach_mul(g, neg_lr))
+        return _back(new_params, params), ({"momentum": bufs} if momentum > 0 else {})
 
     return update
 
@@ -67,21 +72,26 @@ def _adam_graph(decoupled: bool) -> Callable[..., Callable[..., Any]]:
         beta2 = float(options.get("beta2", 0.999))
         eps = float(options.get("eps", 1e-8))
         wd = float(options.get("weight_decay", 0.0))
+        shrinks = bool(wd and decoupled and any(decay))
 
         def update(params, grads, states, neg_step, bias2_root, shrink):  # noqa: ANN001
-            new_params, ms, vs = [], [], []
-            for i, (p, g) in enumerate(zip(params, grads, strict=True)):
-                p32, g = p.float(), g.float()
-                if wd and not decoupled:
-                    g = g + p32 * wd
-                m = torch.lerp(states["m"][i], g, 1 - beta1)
-                v = states["v"][i] * beta2 + g * g * (1 - beta2)
-                denom = v.sqrt() / bias2_root + eps
-                base = p32 * shrink if (wd and decoupled and decay[i]) else p32
-                new_params.append(_back(base + (m / denom) * neg_step, p))
-                ms.append(m)
-                vs.append(v)
-            return new_params, {"m": ms, "v": vs}
+            p32, g = _f32(params), _f32(grads)
+            if wd and not decoupled:
+                g = torch._foreach_add(g, torch._foreach_mul(p32, wd))
+            m = torch._foreach_lerp(states["m"], g, 1 - beta1)
+            v = torch._foreach_add(
+                torch._foreach_mul(states["v"], beta2),
+                torch._foreach_mul(torch._foreach_mul(g, g), 1 - beta2),
+            )
+            denom = torch._foreach_add(torch._foreach_div(torch._foreach_sqrt(v), bias2_root), eps)
+            base = p32
+            if shrinks:  # decoupled decay of the tensors it applies to
+                shrunk = iter(
+                    torch._foreach_mul([p for p, d in zip(p32, decay, strict=True) if d], shrink)
+                )
+                base = [next(shrunk) if d else p for p, d in zip(p32, decay, strict=True)]
+            steps = torch._foreach_mul(torch._foreach_div(m, denom), neg_step)
+            return _back(torch._foreach_add(base, steps), params), {"m": m, "v": v}
 
         return update
 
