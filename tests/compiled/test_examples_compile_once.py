@@ -31,33 +31,20 @@ from sexpgpu_torch.recompiles import RECOMPILED
 from tests.catalogs import project
 from tests.e2e.helpers import EXAMPLES
 
-# (file, knobs, steps of the first run, the checkpoint a second run resumes, its steps):
-# each first run passes an eval pass where the example has one and writes the
-# checkpoint the resume starts from; each resume runs past another eval pass
+# (file, knobs, steps of the first run, the step a second run resumes from, its last
+# step): each first run passes an eval pass where the example has one and ends with a
+# checkpoint; each resume, in a new folder, runs past an eval pass again
 CASES = [
-    ("my-run.sx", {}, 2, "step-00000002", 4),
-    (
-        "tiny-lm.sx",
-        {"dim": "16", "layers": "2", "checkpoint-every": "25"},
-        50,
-        "step-00000050",
-        100,
-    ),
-    ("cnn.sx", {"width": "4"}, 100, "step-00000100", 150),
-    ("distill-teacher.sx", {}, 20, "step-00000020", 40),
-    ("distill.sx", {}, 20, "step-00000020", 40),
+    ("my-run.sx", {}, 2, 2, 4),
+    ("tiny-lm.sx", {"dim": "16", "layers": "2", "checkpoint-every": "25"}, 50, 25, 50),
+    ("cnn.sx", {"width": "4"}, 50, 50, 100),
+    ("distill-teacher.sx", {}, 2, 2, 4),
+    ("distill.sx", {}, 2, 2, 4),
     (
         "gpt2-small.sx",
-        {
-            "layers": "2",
-            "heads": "2",
-            "dim": "16",
-            "context": "16",
-            "batch": "2",
-            "checkpoint-every": "2",
-        },  # fmt: skip
+        {"layers": "2", "heads": "2", "dim": "16", "context": "16", "batch": "2"},
         2,
-        "step-00000002",
+        2,
         4,
     ),
 ]
@@ -94,18 +81,18 @@ def _folder(tmp_path: Path) -> Path:
 
 @pytest.mark.usefixtures("traced_only")
 @pytest.mark.parametrize(
-    ("file", "knobs", "steps", "resume", "more"), CASES, ids=[c[0] for c in CASES]
+    ("file", "knobs", "steps", "resume", "last"), CASES, ids=[c[0] for c in CASES]
 )
-def test_no_graph_of_an_example_compiles_again(tmp_path, file, knobs, steps, resume, more):
+def test_no_graph_of_an_example_compiles_again(tmp_path, file, knobs, steps, resume, last):
     folder = _folder(tmp_path)
     get_logger()  # configure structlog first, so capture_logs stays in force
 
-    def train(step_count: int, resume_from: str | None):
+    def train(step_count: int, checkpoints: str, resume_from: str | None):
         options = RunOptions(
             Selection(str(folder / file), sets=knobs, steps=step_count),
             Target(lowering="compiled"),
             metrics_dir=str(tmp_path / "m"),
-            checkpoint_dir=str(tmp_path / "ckpt"),
+            checkpoint_dir=str(tmp_path / checkpoints),
             resume=resume_from,
         )
         with structlog.testing.capture_logs() as logs:
@@ -113,9 +100,11 @@ def test_no_graph_of_an_example_compiles_again(tmp_path, file, knobs, steps, res
         assert outcome.exit_code == 0, outcome.message
         return logs
 
-    logs = train(steps, None)
-    assert (tmp_path / "ckpt" / resume).is_dir()
-    logs += train(more, str(tmp_path / "ckpt" / resume))
+    logs = train(steps, "first", None)
+    step = f"step-{resume:08d}"
+    shutil.copytree(tmp_path / "first" / step, tmp_path / "resumed" / step)
+    logs += train(last, "resumed", "latest")
+    assert (tmp_path / "resumed" / f"step-{last:08d}").is_dir()
     assert [e for e in logs if e["event"] == RECOMPILED] == []
     # both runs compiled (a warm-up took its seconds), on the compiled lowering
     started = [e for e in logs if e["event"] in ("run started", "run resumed")]
