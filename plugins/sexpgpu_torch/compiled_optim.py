@@ -9,8 +9,9 @@ the graph as 0-d tensors, so one graph serves every step of a run and every resu
 of it; the options (betas, decay) are constants of the graph. The arithmetic is
 the eager update's, term by term, written with torch's ``_foreach_*`` ops: each
 term is one op of the trace for every tensor, not one per tensor, so a start traces
-a few ops where it traced hundreds (a warm second start pays that trace again), and
-inductor still fuses each tensor's terms into its kernels. An optimizer this module
+a few ops where it traced hundreds (a warm second start pays that trace again);
+the steady-state speed measured the same as the per-tensor form's
+(``benchmarks/bench_compiled.py``). An optimizer this module
 does not know (a plugin's) runs its own update, uncompiled.
 """
 
@@ -34,22 +35,13 @@ def _host(value: float) -> Tensor:
     return torch.tensor(eager.f32_scalar(value), dtype=torch.float32)
 
 
-def _f32(tensors: Sequence[Tensor]) -> list[Tensor]:
-    # the dtype is known while tracing: an f32 tensor adds no op to the graph
-    return [t if t.dtype == torch.float32 else t.float() for t in tensors]
-
-
-def _back(new: Sequence[Tensor], like: Sequence[Tensor]) -> list[Tensor]:
-    return [n if n.dtype == t.dtype else n.to(t.dtype) for n, t in zip(new, like, strict=True)]
-
-
 def _sgd_graph(options: Mapping[str, Any], decay: Sequence[bool]) -> Callable[..., Any]:
     momentum = float(options.get("momentum", 0.0))
     wd = float(options.get("weight_decay", 0.0))
     nesterov = bool(options.get("nesterov", False))
 
     def update(params, grads, states, neg_lr):  # noqa: ANN001
-        p32, g = _f32(params), _f32(grads)
+        p32, g = eager.as_f32(params), eager.as_f32(grads)
         if wd:
             g = torch._foreach_add(g, torch._foreach_mul(p32, wd))
         bufs: list[Tensor] = []
@@ -57,7 +49,7 @@ def _sgd_graph(options: Mapping[str, Any], decay: Sequence[bool]) -> Callable[..
             bufs = torch._foreach_add(torch._foreach_mul(states["momentum"], momentum), g)
             g = torch._foreach_add(g, torch._foreach_mul(bufs, momentum)) if nesterov else bufs
         new_params = torch._foreach_add(p32, torch._foreach_mul(g, neg_lr))
-        return _back(new_params, params), ({"momentum": bufs} if momentum > 0 else {})
+        return eager.back_to(new_params, params), ({"momentum": bufs} if momentum > 0 else {})
 
     return update
 
@@ -75,7 +67,7 @@ def _adam_graph(decoupled: bool) -> Callable[..., Callable[..., Any]]:
         shrinks = bool(wd and decoupled and any(decay))
 
         def update(params, grads, states, neg_step, bias2_root, shrink):  # noqa: ANN001
-            p32, g = _f32(params), _f32(grads)
+            p32, g = eager.as_f32(params), eager.as_f32(grads)
             if wd and not decoupled:
                 g = torch._foreach_add(g, torch._foreach_mul(p32, wd))
             m = torch._foreach_lerp(states["m"], g, 1 - beta1)
@@ -91,7 +83,7 @@ def _adam_graph(decoupled: bool) -> Callable[..., Callable[..., Any]]:
                 )
                 base = [next(shrunk) if d else p for p, d in zip(p32, decay, strict=True)]
             steps = torch._foreach_mul(torch._foreach_div(m, denom), neg_step)
-            return _back(torch._foreach_add(base, steps), params), {"m": m, "v": v}
+            return eager.back_to(torch._foreach_add(base, steps), params), {"m": m, "v": v}
 
         return update
 

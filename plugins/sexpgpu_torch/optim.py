@@ -27,11 +27,14 @@ from sexpgpu.extension import OptimizerUpdate
 Tensor = torch.Tensor
 
 
-def _f32(tensors: Sequence[Tensor]) -> list[Tensor]:
+def as_f32(tensors: Sequence[Tensor]) -> list[Tensor]:
+    """Each tensor in f32, the dtype every update computes in (an f32 one as it is, so
+    a trace of the compiled update gets no op for it)."""
     return [t if t.dtype == torch.float32 else t.float() for t in tensors]
 
 
-def _back(new: list[Tensor], like: Sequence[Tensor]) -> list[Tensor]:
+def back_to(new: Sequence[Tensor], like: Sequence[Tensor]) -> list[Tensor]:
+    """Each new value in the dtype of the parameter it replaces."""
     return [n if n.dtype == o.dtype else n.to(o.dtype) for n, o in zip(new, like, strict=True)]
 
 
@@ -79,8 +82,8 @@ class SGD(Update):
         momentum = float(options.get("momentum", 0.0))
         wd = float(options.get("weight_decay", 0.0))
         nesterov = bool(options.get("nesterov", False))
-        p32 = _f32(params)
-        g = _f32(grads)
+        p32 = as_f32(params)
+        g = as_f32(grads)
         if wd:
             g = torch._foreach_add(g, p32, alpha=wd)
         new_states: dict[str, list[Tensor]] = {}
@@ -90,7 +93,7 @@ class SGD(Update):
             new_states["momentum"] = buf
             g = torch._foreach_add(g, buf, alpha=momentum) if nesterov else buf
         new = torch._foreach_add(p32, g, alpha=f32_scalar(-lr))
-        return _back(new, params), new_states
+        return back_to(new, params), new_states
 
 
 _F32_MAX = 3.4028234663852886e38
@@ -116,8 +119,8 @@ class Adam(Update):
         beta2 = float(options.get("beta2", 0.999))
         eps = float(options.get("eps", 1e-8))
         wd = float(options.get("weight_decay", 0.0))
-        p32 = _f32(params)
-        g = _f32(grads)
+        p32 = as_f32(params)
+        g = as_f32(grads)
         if wd and not self.decoupled:
             g = torch._foreach_add(g, p32, alpha=wd)
         # m = beta1 * m + (1 - beta1) * g, written as a lerp like torch.optim.Adam.
@@ -139,7 +142,7 @@ class Adam(Update):
             torch._foreach_addcdiv_(new, m, denom, value=f32_scalar(-step_size))
         else:
             new = torch._foreach_addcdiv(p32, m, denom, value=f32_scalar(-step_size))
-        return _back(new, params), {"m": m, "v": v}
+        return back_to(new, params), {"m": m, "v": v}
 
 
 class AdamW(Adam):
