@@ -139,7 +139,7 @@ def sexpgpu_kernels() -> list[KernelInfo]:
             deterministic=True,
             factory=_kernel("stack_unrolled"),
             priority=10,
-            doc="a repeat compiled into one flat list of steps per iteration",
+            doc="a repeat compiled into the graph's lines, iteration by iteration",
             # The lowering emits the iterations itself; the callable is the plain loop.
             inline=True,
         ),

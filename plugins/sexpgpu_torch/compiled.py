@@ -28,6 +28,7 @@ from sexpgpu.log import get_logger
 from sexpgpu_torch.compiled_optim import CompiledUpdate
 from sexpgpu_torch.cuda import PinnedSnapshots
 from sexpgpu_torch.graphs import Ctx
+from sexpgpu_torch.isa_probe import remember_probes
 from sexpgpu_torch.recompiles import CompiledOnce
 from sexpgpu_torch.strategy import GraphFn, copy_plainly
 
@@ -43,13 +44,15 @@ BACKEND = "inductor"
 def prepare_caches() -> None:
     """Turn on torch's on-disk caches of compiled graphs (inductor's FX graph cache and
     AOTAutograd's), so a second start of a program on this machine reuses them.
-    Their folder is torch's: ``TORCHINDUCTOR_CACHE_DIR``."""
+    Their folder is torch's: ``TORCHINDUCTOR_CACHE_DIR``. inductor's check of the CPU's
+    vector instructions is noted there too (:mod:`sexpgpu_torch.isa_probe`)."""
     import torch._functorch.config as functorch_config
     import torch._inductor.config as inductor_config
 
     inductor_config.fx_graph_cache = True
     if hasattr(functorch_config, "enable_autograd_cache"):
         functorch_config.enable_autograd_cache = True
+    remember_probes()
 
 
 def compile_function(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -1,10 +1,11 @@
-"""The torch plugin's graph compiler: a checked graph to a flat list of closures.
+"""The torch plugin's graph compiler: a checked graph to one straight-line function.
 
-Each graph is compiled once into a flat list of closures over one list of
-values (a node's value lives at a fixed index), so a step costs one Python call
-per op on top of the op itself. A repeat whose stack kernel's descriptor says
-``inline`` (``unrolled``) is emitted iteration by iteration into that list; other
-stack kernels are called with the body as a function.
+Each graph is compiled once into the source of a Python function with one line per
+op, each value a local variable (``v7 = f7(v3, v5)``), so a step costs one call per
+op on top of the op itself, and ``torch.compile`` traces a short plain function. A
+repeat whose stack kernel's descriptor says ``inline`` (``unrolled``) is emitted
+iteration by iteration into those lines; other stack kernels are called with the
+body, itself such a function.
 
 Both lowerings compile a graph here; the trainer that runs these graphs is
 :mod:`sexpgpu_torch.trainer`, and its strategy (:mod:`sexpgpu_torch.strategy`) decides
@@ -14,6 +15,8 @@ comes from the op table, :mod:`sexpgpu_torch.ops`.
 
 from __future__ import annotations
 
+import hashlib
+import linecache
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
@@ -67,11 +70,10 @@ class Slots(tuple):
         return obj
 
 
-Step = Callable[[list], None]
-
-
 class _Compiler:
-    """Compiles graphs into closures writing one shared value list."""
+    """Compiles a graph into the lines of one Python function (see the module
+    docstring): value ``i`` is the local ``v<i>``, each op's function the global
+    ``f<i>``, each constant the global ``k<i>``."""
 
     def __init__(
         self,
@@ -86,17 +88,18 @@ class _Compiler:
         self.inline = inline
         self.plugin_ops = plugin_ops
         self.device = device
-        self.steps: list[Step] = []
-        self.template: list[Any] = []
+        self.lines: list[str] = []
+        self.names: list[str] = []
+        self.globals: dict[str, Any] = {"ctx": ctx}
         self.types: dict[int, Any] = {}
-        # Set in a repeat body compiled as a function: the index of its value list
-        # that holds the iteration being run (a local of the body, so that a trace
-        # under torch's checkpoint sees no write outside its scope).
+        # Set in a repeat body compiled as a function: the value that holds the
+        # iteration being run (a local of the body, so that a trace under torch's
+        # checkpoint sees no write outside its scope).
         self.iteration_index: int | None = None
 
-    def alloc(self, value: Any = None) -> int:
-        self.template.append(value)
-        return len(self.template) - 1
+    def alloc(self) -> int:
+        self.names.append(f"v{len(self.names)}")
+        return len(self.names) - 1
 
     def emit_graph(
         self,
@@ -128,21 +131,13 @@ class _Compiler:
         iteration: int | None,
     ) -> int:
         op, attrs = node.op, node.attrs
-        ctx = self.ctx
         args = [where[a] for a in node.args]
-        out = self.alloc()
-
         if op == "input":
             name = attrs["name"]
             if name == "carry" and carry is not None:
                 return carry
-
-            # ctx.inputs is replaced per call: read it through ctx, not a captured dict.
-            def step(v: list, out=out, name=name) -> None:
-                v[out] = ctx.inputs[name]
-
-            self.steps.append(step)
-            return out
+            # ctx.inputs is replaced per call: read through ctx, never kept
+            return self._line(f"ctx.inputs[{name!r}]")
         if op == "param":
             if "slot" in attrs and attrs.get("path") is None:
                 slot = int(attrs["slot"])
@@ -152,49 +147,31 @@ class _Compiler:
                 path = slot_paths[slot]
             else:
                 path = attrs["path"]
-
-            def step(v: list, out=out, path=path) -> None:
-                v[out] = ctx.params[path]
-
-            self.steps.append(step)
-            return out
+            return self._line(f"ctx.params[{path!r}]")
         if op == "const":
-            value = attrs["value"]
+            out = self.alloc()
             dtype = torch.int64 if node.type.dtype == "i64" else TORCH_DTYPES[node.type.dtype]
-            self.template[out] = torch.tensor(value, dtype=dtype, device=self.device)
+            self.names[out] = f"k{out}"
+            self.globals[f"k{out}"] = torch.tensor(attrs["value"], dtype=dtype, device=self.device)
             return out
         if op == "repeat":
-            return self.emit_repeat(node, args[0], out)
-
+            return self.emit_repeat(node, args[0])
         fn = self.op_function(node, iteration)
         if getattr(fn, "reads_iteration", False):
             args.append(self.iteration_index)
-        self._append(fn, out, args)
+        return self._call(fn, args)
+
+    def _line(self, expression: str) -> int:
+        """A new value computed by ``expression``."""
+        out = self.alloc()
+        self.lines.append(f"{self.names[out]} = {expression}")
         return out
 
-    def _append(self, fn: Callable[..., Any], out: int, args: list[int]) -> None:
-        # Specialise on arity so the common ops run without building argument lists.
-        if len(args) == 1:
-            (a,) = args
-
-            def step(v: list) -> None:
-                v[out] = fn(v[a])
-        elif len(args) == 2:
-            a, b = args
-
-            def step(v: list) -> None:
-                v[out] = fn(v[a], v[b])
-        elif len(args) == 3:
-            a, b, c = args
-
-            def step(v: list) -> None:
-                v[out] = fn(v[a], v[b], v[c])
-        else:
-
-            def step(v: list) -> None:
-                v[out] = fn(*[v[i] for i in args])
-
-        self.steps.append(step)
+    def _call(self, fn: Callable[..., Any], args: Sequence[int]) -> int:
+        """A new value: ``fn`` of the values ``args``."""
+        name = f"f{len(self.names)}"
+        self.globals[name] = fn
+        return self._line(f"{name}({', '.join(self.names[a] for a in args)})")
 
     def op_function(self, node: Node, iteration: int | None) -> Callable[..., Tensor]:
         """The torch function computing ``node`` from its arguments' values
@@ -210,7 +187,7 @@ class _Compiler:
 
         In a repeat body compiled as a function the iteration is known only when the
         body runs: the function returned then takes it as a second argument, read from
-        the body's value list (it is marked ``reads_iteration``)."""
+        the body's values (it is marked ``reads_iteration``)."""
         ctx = self.ctx
         keep = 1.0 - p
 
@@ -224,9 +201,21 @@ class _Compiler:
         run.reads_iteration = reads  # type: ignore[attr-defined]
         return run
 
+    def function(self, name: str, params: Sequence[str], returns: str) -> Callable[..., Any]:
+        """The lines emitted so far as the function ``name(*params)``."""
+        body = [f"def {name}({', '.join(params)}):", *(f"    {line}" for line in self.lines)]
+        body.append(f"    return {returns}")
+        source = "\n".join(body) + "\n"
+        # one file name per source, so tracebacks and torch.compile show the lines
+        filename = f"<sexpgpu graph {hashlib.sha256(source.encode()).hexdigest()[:12]}>"
+        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+        namespace = dict(self.globals)
+        exec(compile(source, filename, "exec"), namespace)  # noqa: S102 - our own lines
+        return namespace[name]
+
     # -- repeats
 
-    def emit_repeat(self, node: Node, carry_in: int, out: int) -> int:
+    def emit_repeat(self, node: Node, carry_in: int) -> int:
         attrs = node.attrs
         body: Graph = attrs["body"]
         slots: Sequence[Sequence[str]] = attrs["slots"]
@@ -248,43 +237,28 @@ class _Compiler:
         ctx = self.ctx
         paths = [tuple(s) for s in slots[:count]]
 
-        def step(v: list) -> None:
+        def repeat(carry: Tensor) -> Tensor:
             params = ctx.params
             per_iter = [Slots([params[p] for p in ps], i) for i, ps in enumerate(paths)]
-            v[out] = kernel(run_body, v[carry_in], per_iter)
+            return kernel(run_body, carry, per_iter)
 
-        self.steps.append(step)
-        return out
+        return self._call(repeat, [carry_in])
 
     def body_function(self, body: Graph) -> Callable[[Tensor, Sequence[Tensor]], Tensor]:
         """A repeat body as ``fn(carry, slot_tensors) -> Tensor`` for a stack kernel."""
         sub = _Compiler(self.ctx, self.kernels, self.device, self.inline, self.plugin_ops)
         sub.types = self.types
-        sub.iteration_index = iteration = sub.alloc(0)
-        carry = sub.alloc()
+        # Dropout in a body compiled as a function takes its iteration from the
+        # Slots it is called with, kept among the body's own values.
+        sub.iteration_index = sub._line('getattr(slot_tensors, "iteration", 0)')
+        carry = sub._line("carry")
         n_slots = 1 + max(
             (int(n.attrs["slot"]) for n in body.nodes if n.op == "param" and "slot" in n.attrs),
             default=-1,
         )
-        slot_idx = {s: sub.alloc() for s in range(n_slots)}
+        slot_idx = {s: sub._line(f"slot_tensors[{s}]") for s in range(n_slots)}
         (result,) = sub.emit_graph(body, carry=carry, slot_indices=slot_idx, iteration=None)
-        # Dropout in a body compiled as a function takes its iteration from the
-        # Slots it is called with, through the body's own value list.
-        runner_steps = tuple(sub.steps)
-        template = sub.template
-        slot_positions = list(slot_idx.items())
-
-        def run(carry_value: Tensor, slot_tensors: Sequence[Tensor]) -> Tensor:
-            v = template.copy()
-            v[carry] = carry_value
-            for s, i in slot_positions:
-                v[i] = slot_tensors[s]
-            v[iteration] = getattr(slot_tensors, "iteration", 0)
-            for st in runner_steps:
-                st(v)
-            return v[result]
-
-        return run
+        return sub.function("body", ["carry", "slot_tensors"], sub.names[result])
 
 
 def compile_graph(
@@ -302,13 +276,4 @@ def compile_graph(
     comp = _Compiler(ctx, kernels, device, inline, plugin_ops)
     comp.types = {n.id: n.type for n in graph.nodes}
     outputs = comp.emit_graph(graph)
-    steps = tuple(comp.steps)
-    template = comp.template
-
-    def run() -> list[Tensor]:
-        v = template.copy()
-        for st in steps:
-            st(v)
-        return [v[i] for i in outputs]
-
-    return run
+    return comp.function("graph", [], f"[{', '.join(comp.names[i] for i in outputs)}]")

@@ -73,7 +73,7 @@ def stack_looped(
 def stack_unrolled(
     body: StackBody, carry: Tensor, per_iteration_slots: Sequence[Sequence[Tensor]]
 ) -> Tensor:
-    """Every iteration inlined into the program's flat list of steps.
+    """Every iteration inlined into the graph's straight-line function.
 
     Its descriptor says ``inline``, so the torch lowering emits the body ``count``
     times when it compiles the graph and no per-iteration dispatch is left at run

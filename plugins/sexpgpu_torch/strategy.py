@@ -1,9 +1,9 @@
 """How the torch trainer runs its graphs: the strategy it is built with.
 
 One trainer (:class:`sexpgpu_torch.trainer.TorchTrainer`) serves both lowerings of
-this plugin. It compiles every graph of a program into closures
-(:mod:`sexpgpu_torch.graphs`) and keeps parameters, states and checkpoints; its
-:class:`Strategy` decides how those closures and the optimizer updates are run,
+this plugin. It compiles every graph of a program into a
+straight-line function (:mod:`sexpgpu_torch.graphs`) and keeps parameters, states and checkpoints; its
+:class:`Strategy` decides how those functions and the optimizer updates are run,
 and what follows from that (when the graphs compile, how a loss comes to the host,
 how a checkpoint's tensors are copied out). :class:`Eager` runs them as they are
 (the ``torch`` lowering); :class:`sexpgpu_torch.compiled.Compiled` wraps the same

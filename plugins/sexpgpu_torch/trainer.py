@@ -1,7 +1,7 @@
 """The torch plugin's trainer: parameters, optimizer states, steps, export and restore.
 
 One :class:`TorchTrainer` serves both of the plugin's lowerings
-(:mod:`sexpgpu_torch.lowering`). Its graphs are compiled into closures by
+(:mod:`sexpgpu_torch.lowering`). Its graphs are compiled into straight-line functions by
 :mod:`sexpgpu_torch.graphs`; the :class:`~sexpgpu_torch.strategy.Strategy` it is built
 with decides how they run: as they are (``torch``) or through ``torch.compile``
 (``compiled``).

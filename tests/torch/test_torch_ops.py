@@ -481,3 +481,31 @@ def test_an_op_on_mixed_dtypes_runs_in_the_dtype_the_ir_gives(op, dtypes) -> Non
     for (name, p), grad in zip(params.items(), grads, strict=True):
         assert grad.dtype == p.dtype, name
         assert torch.isfinite(grad.float()).all(), name
+
+
+def test_a_graph_compiles_to_one_readable_line_per_op_and_its_own_code() -> None:
+    """A graph is one straight-line function whose source a traceback (and torch.compile)
+    can show; two trainers' graphs are two code objects, so torch.compile keeps one
+    cache per graph, not one shared by every graph of the process."""
+    import inspect
+    import traceback
+
+    g = G()
+    x, w = g.input("x", (2, 3)), g.param("w", (3, 3))
+    y = g.add("relu", g.add("matmul", x, w))
+    out = g.add("add", y, g.const(1.0))
+    ctx = Ctx(seed=0, device=CPU)
+    ctx.params, ctx.inputs = {"w": randn(3, 3)}, {"x": randn(2, 3, seed=1)}
+    run = compile_graph(g.graph(out), ctx, {}, CPU)
+    lines = inspect.getsource(run).splitlines()
+    assert lines[1:3] == ["    v0 = ctx.inputs['x']", "    v1 = ctx.params['w']"]
+    assert len(lines) == 1 + 5 + 1, "a line per input, param and op; none for the constant"
+    (value,) = run()
+    torch.testing.assert_close(value, torch.relu(ctx.inputs["x"] @ ctx.params["w"]) + 1.0)
+    assert compile_graph(g.graph(out), ctx, {}, CPU).__code__ is not run.__code__
+
+    ctx.inputs = {}
+    with pytest.raises(KeyError) as raised:
+        run()
+    shown = "".join(traceback.format_tb(raised.value.__traceback__))
+    assert "v0 = ctx.inputs['x']" in shown
