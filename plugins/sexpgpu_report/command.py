@@ -7,9 +7,10 @@ Only click is imported here: the plugin's commands are added to every
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -33,22 +34,41 @@ def _when(seconds: float | None) -> str:
 
 
 def _cells(row: RunRow) -> tuple[str, ...]:
+    # what a status or events file says is shown escaped: it may hold anything
+    from sexpgpu_report.fields import shown
+
     state = "running (process gone)" if row.process == "gone" else row.state
     step = "-" if row.step is None else str(row.step)
     if row.steps is not None:
         step = f"{step}/{row.steps}"
     evals = " ".join(f"{name}={value:.4g}" for name, value in row.evals.items()) or "-"
-    return (
-        row.slug,
-        state,
-        step,
-        "-" if row.loss is None else f"{row.loss:.4g}",
-        evals,
-        row.checkpoint or "-",
-        _when(row.started),
-        _when(row.updated),
-        row.file or "-",
+    if row.state == "unknown" and row.error:
+        evals = row.error  # why the row says nothing more
+    return tuple(
+        shown(cell)
+        for cell in (
+            row.slug,
+            state,
+            step,
+            "-" if row.loss is None else f"{row.loss:.4g}",
+            evals,
+            row.checkpoint or "-",
+            _when(row.started),
+            _when(row.updated),
+            row.file or "-",
+        )
     )
+
+
+def _strict(value: Any) -> Any:
+    """``value`` with each NaN or infinite number as ``null``: strict JSON has none."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _strict(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_strict(v) for v in value]
+    return value
 
 
 def _table(rows: list[tuple[str, ...]]) -> str:
@@ -81,7 +101,8 @@ def runs(metrics_dir: str, as_json: bool) -> None:
             code="E-REPORT-001",
         ) from None
     if as_json:
-        click.echo(json.dumps([row.as_json() for row in found], indent=1))
+        rows = [_strict(row.as_json()) for row in found]
+        click.echo(json.dumps(rows, indent=1, allow_nan=False))
     elif not found:
         click.echo(f"no runs under {metrics_dir}")
     else:
@@ -136,12 +157,20 @@ def report(run: str, metrics_dir: str, out: str | None, watch: bool, interval: f
 
 def write_once(folder: Path, target: Path, refresh: float) -> Report:
     """Write the report of ``folder`` into ``target`` and echo its page's path; a folder
-    that cannot take it raises a one-line :class:`sexpgpu.errors.RunError`."""
+    that cannot take it, or events that cannot be read, raise a one-line
+    :class:`sexpgpu.errors.RunError`."""
     from sexpgpu.errors import RunError
     from sexpgpu_report.page import write_report
+    from sexpgpu_report.series import UnreadableEvents
 
     try:
         written = write_report(folder, target, refresh=refresh)
+    except UnreadableEvents as exc:
+        from sexpgpu_report.fields import shown
+
+        raise RunError(
+            f"cannot read the run's events: {shown(str(exc))}", code="E-REPORT-004"
+        ) from None
     except OSError as exc:
         where = exc.filename or target
         raise RunError(

@@ -17,6 +17,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sexpgpu_report.fields import MOST_PID, number, open_regular, seconds, text, whole
+
 __all__ = ["RunRow", "list_runs", "process_state", "read_row", "resolve_run"]
 
 STATUS_FILE = "status.json"
@@ -24,6 +26,7 @@ EVENTS_FILE = "events.jsonl"
 TAIL_FIRST = 64 * 1024  # bytes read from the end of events.jsonl at first
 TAIL_MOST = 1024 * 1024  # ... doubled while no loss turned up, up to this
 HEAD = 4096  # bytes read from the start for the first event's time
+MOST_STATUS_BYTES = 1024 * 1024  # a status file is a few hundred bytes: more is no status
 
 # A point's name as the line spells it, escapes and all, without decoding the line:
 # most tail lines are skipped unparsed. ("/" is never escaped, so it tells an eval
@@ -62,9 +65,10 @@ class RunRow:
 
 def _read_json(path: Path) -> dict[str, Any] | None:
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError):
+        with open_regular(path) as f:
+            raw = f.read(MOST_STATUS_BYTES + 1)
+        data = json.loads(raw) if len(raw) <= MOST_STATUS_BYTES else None
+    except (OSError, ValueError, RecursionError):
         return None
     return data if isinstance(data, dict) else None
 
@@ -72,17 +76,17 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 def _head_time(path: Path) -> float | None:
     """The ``time`` of the first event in ``path``, or ``None``."""
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             first = f.read(HEAD).split(b"\n", 1)[0]
         value = json.loads(first).get("time")
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):
         return None
-    return float(value) if isinstance(value, (int, float)) else None
+    return seconds(value)
 
 
 def _tail_lines(path: Path, size: int) -> tuple[list[bytes], bool]:
     """The whole lines in the last ``size`` bytes of ``path``, and whether that was all of it."""
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         f.seek(0, os.SEEK_END)
         length = f.tell()
         start = max(0, length - size)
@@ -92,13 +96,6 @@ def _tail_lines(path: Path, size: int) -> tuple[list[bytes], bool]:
     if start > 0:
         lines = lines[1:]  # the first one is cut
     return [line for line in lines if line], start == 0
-
-
-def _number(value: Any) -> float | None:
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return None
 
 
 def scan_tail(path: Path) -> tuple[float | None, dict[str, float]]:
@@ -122,9 +119,11 @@ def scan_tail(path: Path) -> tuple[float | None, dict[str, float]]:
                 continue
             try:
                 event = json.loads(line)
-            except ValueError:
-                continue  # a torn line
-            name, value = event.get("name"), _number(event.get("value"))
+            except (ValueError, RecursionError):
+                continue  # a torn line, or one nested past reading
+            if not isinstance(event, dict):
+                continue
+            name, value = event.get("name"), number(event.get("value"))
             if value is None or not isinstance(name, str):
                 continue
             if name == "loss" and loss is None and "source" not in event:
@@ -162,8 +161,9 @@ def process_state(status: dict[str, Any], *, host: str | None = None) -> str:
     Only a process on this host can be looked at. A pid that exists but started
     after the run did is another process that took the number: the run's is gone.
     """
-    pid, where, started = status.get("pid"), status.get("host"), status.get("started")
-    if not isinstance(pid, int) or pid <= 0 or where != (host or socket.gethostname()):
+    pid, where = whole(status.get("pid"), MOST_PID), status.get("host")
+    started = seconds(status.get("started"))
+    if not pid or where != (host or socket.gethostname()):
         return "unknown"
     try:
         os.kill(pid, 0)
@@ -174,9 +174,7 @@ def process_state(status: dict[str, Any], *, host: str | None = None) -> str:
     except OSError:
         return "unknown"
     began = _proc_start(pid)
-    if began is not None and (
-        began < 0 or (isinstance(started, (int, float)) and began > started + 2.0)
-    ):
+    if began is not None and (began < 0 or (started is not None and began > started + 2.0)):
         return "gone"
     return "alive"
 
@@ -187,35 +185,63 @@ def read_row(folder: Path, *, host: str | None = None) -> RunRow | None:
     if not status_path.is_file():
         return None
     status = _read_json(status_path)
-    if status is None:
-        return RunRow(slug=folder.name, folder=str(folder), state="unknown", process="-")
-    state = str(status.get("state", "unknown"))
+    bad = "no JSON object" if status is None else _unreadable_field(status)
+    if status is None or bad is not None:
+        return RunRow(
+            slug=folder.name,
+            folder=str(folder),
+            state="unknown",
+            process="-",
+            error=f"unreadable {STATUS_FILE}: {bad}",
+        )
+    state = text(status.get("state")) or "unknown"
     events = folder / EVENTS_FILE
     loss, evals = scan_tail(events) if events.is_file() else (None, {})
     started = _head_time(events) if events.is_file() else None
     if started is None:
-        started = _number(status.get("started"))
-
-    def _int(key: str) -> int | None:
-        value = status.get(key)
-        return value if isinstance(value, int) else None
-
+        started = seconds(status.get("started"))
     return RunRow(
-        slug=str(status.get("slug") or folder.name),
+        slug=text(status.get("slug")) or folder.name,
         folder=str(folder),
         state=state,
         process=process_state(status, host=host) if state == "running" else "-",
-        run=status.get("run"),
-        file=status.get("file"),
-        step=_int("step"),
-        steps=_int("steps"),
+        run=text(status.get("run")),
+        file=text(status.get("file")),
+        step=whole(status.get("step")),
+        steps=whole(status.get("steps")),
         loss=loss,
         evals=evals,
-        checkpoint=status.get("checkpoint"),
-        error=status.get("error"),
+        checkpoint=text(status.get("checkpoint")),
+        error=text(status.get("error")),
         started=started,
-        updated=_number(status.get("updated")),
+        updated=seconds(status.get("updated")),
     )
+
+
+# What each field of a status file may hold (absent or null aside).
+_STATUS_FIELDS = {
+    **dict.fromkeys(("state", "slug", "run", "file", "checkpoint", "error", "host"), text),
+    **dict.fromkeys(("step", "steps"), whole),
+    **dict.fromkeys(("started", "updated"), seconds),
+    "pid": lambda value: whole(value, MOST_PID),
+}
+
+
+def _unreadable_field(status: dict[str, Any]) -> str | None:
+    """What is wrong with ``status`` (a field no run writes), or ``None``."""
+    for key, read in _STATUS_FIELDS.items():
+        value = status.get(key)
+        if value is not None and read(value) is None:
+            return f"'{key}' is {_kind(value)}"
+    return None
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, (dict, list)):
+        return "an object" if isinstance(value, dict) else "a list"
+    if isinstance(value, (bool, str)):
+        return "a bool" if isinstance(value, bool) else "text"
+    return "out of range"
 
 
 def _folders(metrics_dir: Path) -> Iterator[Path]:

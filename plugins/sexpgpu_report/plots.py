@@ -8,6 +8,7 @@ dropped without matplotlib's global state.
 
 from __future__ import annotations
 
+import hashlib
 import html
 import io
 import math
@@ -15,6 +16,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from sexpgpu_report.fields import drawable
 from sexpgpu_report.series import Mark, RunSeries
 
 __all__ = ["Chart", "charts_of", "render"]
@@ -70,7 +72,7 @@ def charts_of(series: RunSeries) -> list[Chart]:
     for name, by_source in series.evals.items():
         charts.append(
             Chart(
-                key="eval-" + _SAFE.sub("-", name),
+                key=_eval_key(name),
                 title=f"eval {name}",
                 ylabel=name,
                 series=tuple((source, tuple(points)) for source, points in by_source.items()),
@@ -79,8 +81,25 @@ def charts_of(series: RunSeries) -> list[Chart]:
     return charts
 
 
+def _eval_key(name: str) -> str:
+    """A chart's file stem and id prefix for an eval metric: its name with what a file
+    name or an id cannot hold replaced, and where anything was, a short hash of the
+    name, so ``probe/a+b`` and ``probe/a*b`` stay two charts."""
+    safe = _SAFE.sub("-", name)
+    if safe != name.replace("/", "-"):
+        safe += "-" + hashlib.sha256(name.encode()).hexdigest()[:8]
+    return "eval-" + safe
+
+
 def _finite(value: float) -> float:
-    return value if math.isfinite(value) else math.nan  # drawn as a gap
+    # NaN, infinite or beyond a chart's range (which would overflow): drawn as a gap
+    found = drawable(value)
+    return math.nan if found is None else found
+
+
+def _plain(label: str) -> str:
+    """``label`` as matplotlib draws it literally: a ``$`` would start math markup."""
+    return label.replace("$", r"\$")
 
 
 def _figure(chart: Chart, marks: Sequence[Mark]):  # type: ignore[no-untyped-def]
@@ -88,9 +107,9 @@ def _figure(chart: Chart, marks: Sequence[Mark]):  # type: ignore[no-untyped-def
 
     figure = Figure(figsize=SIZE, dpi=DPI, layout="constrained")
     axes = figure.add_subplot()
-    axes.set_title(chart.title, loc="left", fontsize=10)
+    axes.set_title(_plain(chart.title), loc="left", fontsize=10)
     axes.set_xlabel("step")
-    axes.set_ylabel(chart.ylabel)
+    axes.set_ylabel(_plain(chart.ylabel))
     axes.grid(True, alpha=0.3)
     drawn = 0
     for index, (label, points) in enumerate(chart.series):
@@ -105,7 +124,7 @@ def _figure(chart: Chart, marks: Sequence[Mark]):  # type: ignore[no-untyped-def
             markersize=3,
             linewidth=1.3,
             color=SERIES_COLOURS[index % len(SERIES_COLOURS)],
-            label=label,
+            label=_plain(label),
         )
         line.set_gid(f"{chart.key}-series-{index}")
         drawn += len(points)

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sexpgpu_report.fields import number, open_regular, seconds, text, whole
+
 __all__ = ["Mark", "RunSeries", "read_events", "series_of"]
 
 # How an annotation's first line is told apart: the kind of mark it is.
@@ -54,37 +56,47 @@ class RunSeries:
     events: int = 0
 
 
+class UnreadableEvents(OSError):
+    """A run's ``events.jsonl`` that cannot be read, or is no regular file."""
+
+
+MOST_LINE = 1024 * 1024
+"""The longest event line read (a point is about 200 bytes): a longer one is skipped."""
+
+
 def read_events(path: str | Path) -> Iterator[dict[str, Any]]:
-    """The events of an ``events.jsonl``, skipping a torn or foreign line."""
+    """The events of an ``events.jsonl``, skipping a torn, foreign or over-long line.
+    A missing file has none; one that cannot be read or is no regular file (a FIFO,
+    a device) raises :class:`UnreadableEvents`."""
     try:
-        f = open(path, "rb")
+        f = open_regular(path)
     except FileNotFoundError:
         return
+    except OSError as exc:
+        raise UnreadableEvents(f"{path}: {exc.strerror or exc}") from None
     with f:
-        for raw in f:
+        while raw := f.readline(MOST_LINE + 1):
+            if len(raw) > MOST_LINE and not raw.endswith(b"\n"):
+                while (rest := f.readline(MOST_LINE)) and not rest.endswith(b"\n"):
+                    pass  # skip the rest of the line, a piece at a time
+                continue
             try:
                 event = json.loads(raw)
-            except ValueError:
+            except (ValueError, RecursionError):
                 continue
             if isinstance(event, dict) and "kind" in event:
                 yield event
 
 
-def _value(event: Mapping[str, Any]) -> float | None:
-    try:
-        return float(event["value"])  # also reads "NaN" and "Infinity"
-    except (KeyError, TypeError, ValueError):
-        return None
-
-
-def _mark(event: Mapping[str, Any]) -> Mark:
-    text = str(event.get("text", "done" if event.get("kind") == "done" else ""))
-    kind = "done" if event.get("kind") == "done" else "note"
+def _mark(event: Mapping[str, Any], step: int) -> Mark:
+    done = event.get("kind") == "done"
+    said = text(event.get("text")) or ("done" if done else "")
+    kind = "done" if done else "note"
     for prefix, name in MARK_KINDS:
-        if text.startswith(prefix):
+        if said.startswith(prefix):
             kind = name
             break
-    return Mark(int(event.get("step", 0)), kind, text, float(event.get("time", 0.0)))
+    return Mark(step, kind, said, seconds(event.get("time")) or 0.0)
 
 
 def _rate(points: list[tuple[int, float, float, int]], window: int = 10) -> list[tuple[int, float]]:
@@ -119,15 +131,18 @@ def series_of(events: Iterable[Mapping[str, Any]]) -> RunSeries:
             seen.add(ident)
         out.events += 1
         kind = event.get("kind")
+        step = whole(event.get("step", 0))
+        if step is None:
+            continue  # no step a run writes: nothing to place it at
         if kind in ("annotation", "done"):
-            mark = _mark(event)
+            mark = _mark(event, step)
             out.marks.append(mark)
             segment += mark.kind == "resumed"
             continue
         if kind != "point":
             continue
-        name, value, step = str(event.get("name", "")), _value(event), int(event.get("step", 0))
-        if value is None:
+        name, value = text(event.get("name")), number(event.get("value"))
+        if name is None or value is None:
             continue
         if "/" in name:
             source = "evaluate" if event.get("source") == "evaluate" else "run"
@@ -135,9 +150,9 @@ def series_of(events: Iterable[Mapping[str, Any]]) -> RunSeries:
             continue
         train.setdefault(name, {})[step] = value  # a later point of a step wins
         if name in THROUGHPUT_COUNTERS:
-            counters.setdefault(name, []).append(
-                (step, value, float(event.get("time", 0)), segment)
-            )
+            when = seconds(event.get("time"))
+            if when is not None:
+                counters.setdefault(name, []).append((step, value, when, segment))
     out.curves = {name: sorted(points.items()) for name, points in train.items()}
     out.evals = {
         name: {source: sorted(points.items()) for source, points in sorted(by_source.items())}
