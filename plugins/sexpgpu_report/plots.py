@@ -57,11 +57,35 @@ class Rendered:
     svg: str
 
 
+MOST_POINTS = 4000
+"""A curve longer than this is drawn from the highest and lowest point (and any gap)
+of each of ``MOST_POINTS // 2`` runs of steps: the same picture at a chart's width,
+for a fraction of the page."""
+
+
+def thinned(points: Sequence[tuple[int, float]]) -> tuple[tuple[int, float], ...]:
+    """``points`` (by step) as drawn: all of them, or a long curve's extremes per run
+    of steps, in step order (see :data:`MOST_POINTS`)."""
+    if len(points) <= MOST_POINTS:
+        return tuple(points)
+    buckets = MOST_POINTS // 2
+    kept: list[tuple[int, float]] = []
+    for b in range(buckets):
+        bucket = points[b * len(points) // buckets : (b + 1) * len(points) // buckets]
+        finite = [p for p in bucket if drawable(p[1]) is not None]
+        gaps = [p for p in bucket if drawable(p[1]) is None][:1]  # a gap stays a gap
+        extremes = (
+            {min(finite, key=lambda p: p[1]), max(finite, key=lambda p: p[1])} if finite else set()
+        )
+        kept.extend(sorted({*extremes, *gaps}))
+    return tuple(kept)
+
+
 def charts_of(series: RunSeries) -> list[Chart]:
     """The charts of a run: loss, learning rate, throughput, then one per eval metric."""
 
     def one(key: str, title: str, ylabel: str, points: Sequence[tuple[int, float]]) -> Chart:
-        return Chart(key, title, ylabel, ((ylabel, tuple(points)),))
+        return Chart(key, title, ylabel, ((ylabel, thinned(points)),))
 
     charts = [one("loss", "training loss", "loss", series.curves.get("loss", ()))]
     if "lr" in series.curves:
@@ -75,7 +99,7 @@ def charts_of(series: RunSeries) -> list[Chart]:
                 key=_eval_key(name),
                 title=f"eval {name}",
                 ylabel=name,
-                series=tuple((source, tuple(points)) for source, points in by_source.items()),
+                series=tuple((source, thinned(points)) for source, points in by_source.items()),
             )
         )
     return charts

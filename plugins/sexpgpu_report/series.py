@@ -30,6 +30,19 @@ TRAIN_CURVES = ("loss", "lr")
 THROUGHPUT_COUNTERS = ("tokens", "records")
 
 
+MOST_MARK_TEXT = 2000
+"""The characters of an annotation a report shows (each chart's hover text and the
+table hold it: a long one is cut there, whole in ``events.jsonl``)."""
+
+
+def cut(text: str) -> str:
+    """``text`` as a report shows it: at most :data:`MOST_MARK_TEXT` characters, and
+    what was left out said."""
+    if len(text) <= MOST_MARK_TEXT:
+        return text
+    return f"{text[:MOST_MARK_TEXT]}... ({len(text) - MOST_MARK_TEXT} more characters)"
+
+
 @dataclass(frozen=True)
 class Mark:
     """An annotation on the step axis: its ``kind`` (``checkpoint``, ``resumed``,
@@ -96,7 +109,7 @@ def _mark(event: Mapping[str, Any], step: int) -> Mark:
         if said.startswith(prefix):
             kind = name
             break
-    return Mark(step, kind, said, seconds(event.get("time")) or 0.0)
+    return Mark(step, kind, cut(said), seconds(event.get("time")) or 0.0)
 
 
 def _rate(points: list[tuple[int, float, float, int]], window: int = 10) -> list[tuple[int, float]]:

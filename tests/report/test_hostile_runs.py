@@ -184,3 +184,36 @@ def test_events_that_are_no_file_are_one_line(tmp_path: Path, kind: str) -> None
     assert "E-REPORT-004" in line and "regular file" in line
     listed = sexpgpu_in_process("runs", "--json", "--metrics-dir", tmp_path, cwd=tmp_path)
     assert listed.returncode == 0 and json.loads(listed.stdout)[0]["state"] == "finished"
+
+
+def test_a_long_run_and_a_long_annotation_make_a_page_of_bounded_size(tmp_path: Path) -> None:
+    """100,000 steps are drawn from each stretch's extremes, every mark kept; a
+    500 KB annotation is shown cut, whole in events.jsonl."""
+    steps = 100_000
+
+    def value(s: int) -> float:
+        return 1.0 + (s % 997) / 997 if s != 77_777 else 50.0  # a saw, one spike
+
+    lines = [
+        f'{{"kind":"point","step":{s},"time":{NOW + s},"name":"loss","value":{value(s)!r}}}'
+        for s in range(1, steps + 1)
+    ]
+    marks = [{"kind": "annotation", "step": s, "time": NOW + s, "text": f"checkpoint step-{s}"}
+             for s in range(10_000, steps + 1, 10_000)]  # fmt: skip
+    long = {"kind": "annotation", "step": 5, "time": NOW + 5, "text": "failed: " + "x" * 500_000}
+    folder = _run(tmp_path, "long", _status("long", step=steps, steps=steps),
+                  [*lines, *marks, long])  # fmt: skip
+    written = _report(folder)
+    assert written.returncode == 0, written.stderr
+    page = next((folder / "page").glob("*.html"))
+    assert page.stat().st_size < 1_000_000, page.stat().st_size
+    text = page.read_text()
+    assert all(f"checkpoint step-{s}" in text for s in range(10_000, steps + 1, 10_000))
+    assert "(498008 more characters)" in text and "x" * 500_000 not in text
+    from sexpgpu_report.plots import thinned
+
+    curve = [(s, value(s)) for s in range(1, steps + 1)]
+    drawn = thinned(curve)
+    assert (77_777, 50.0) in drawn, "a spike is kept"
+    assert max(v for _, v in drawn) == 50.0 and min(v for _, v in drawn) == 1.0
+    assert list(drawn) == sorted(drawn) and len(drawn) <= 4000
