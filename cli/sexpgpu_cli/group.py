@@ -130,6 +130,13 @@ def invoke(args: list[str]) -> int | str | None:
             raise KeyboardInterrupt from exc
         click.echo("Aborted!", err=True)
         return 1
+    except click.BadParameter as exc:
+        # a value of the wrong kind is one line, as our own usage errors are; only an
+        # unknown option (click's NoSuchOption) shows the usage above its line
+        command = LazyGroup.invoked
+        click.echo(f"sexpgpu {command}: {exc.format_message()}" if command else
+                   f"sexpgpu: {exc.format_message()}", err=True)  # fmt: skip
+        return exc.exit_code
     except click.ClickException as exc:
         exc.show()
         return exc.exit_code

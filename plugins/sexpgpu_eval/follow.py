@@ -97,14 +97,20 @@ def read_evaluated(storage: Storage) -> dict[str, list[int]]:
         raise CheckpointError(
             _corrupt(where, f"it is not JSON ({error})"), code=E_EVALUATED
         ) from None
+    except RecursionError:
+        raise CheckpointError(_corrupt(where, "it is nested too deep"), code=E_EVALUATED) from None
     if not isinstance(record, dict) or not all(
-        isinstance(steps, list) and all(isinstance(s, int) and s >= 0 for s in steps)
-        for steps in record.values()
+        isinstance(steps, list) and all(_is_step(s) for s in steps) for steps in record.values()
     ):
         raise CheckpointError(
             _corrupt(where, 'it is not {"pass": [step, ...], ...}'), code=E_EVALUATED
         )
     return {str(name): sorted(set(steps)) for name, steps in record.items()}
+
+
+def _is_step(value: object) -> bool:
+    # a bool is an int to Python, and no step; a step is a signed 64-bit integer
+    return type(value) is int and 0 <= value < 2**63
 
 
 def _corrupt(where: str, why: str) -> str:
@@ -115,8 +121,10 @@ def _corrupt(where: str, why: str) -> str:
 
 
 def write_evaluated(storage: Storage, evaluated: dict[str, list[int]]) -> None:
-    """Rewrite ``evaluated.json`` whole, in one object write."""
-    text = json.dumps({name: sorted(steps) for name, steps in sorted(evaluated.items())})
+    """Rewrite ``evaluated.json`` whole, in one object write, in the spec's compact
+    form (``{"eval":[250,500],"probe":[50,100]}``)."""
+    record = {name: sorted(steps) for name, steps in sorted(evaluated.items())}
+    text = json.dumps(record, separators=(",", ":"))
     storage.write(EVALUATED_FILE, (text + "\n").encode())
 
 

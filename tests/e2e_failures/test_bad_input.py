@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.e2e.helpers import experiments, run_sexpgpu
+from tests.e2e.helpers import experiments, run_sexpgpu, sexpgpu_in_process
 
 from .kit import NPY_SX, TEXT_SX, TOKENS_SX, error_line
 
@@ -110,7 +110,18 @@ def test_an_unknown_set_knob_or_bad_value_exits_2(text_run):
     assert "knob 'steps' takes an integer" in line, line
     line = error_line(run_sexpgpu("run", "text.sx", "--set", "steps", *CKPT, cwd=text_run), 2)
     assert "name=value" in line, line
+    # an option's value click refuses is one line too, no usage block (issue 24, item 31)
+    line = error_line(run_sexpgpu("run", "text.sx", "--steps", "0", *CKPT, cwd=text_run), 2)
+    assert line == "sexpgpu run: Invalid value for '--steps': 0 is not in the range x>=1.", line
     _nothing_started(text_run)
+
+
+def test_an_include_cycle_is_one_positioned_line_naming_it(tmp_path):
+    (tmp_path / "lib.sx").write_text('(defknob width 4)\n(include "main.sx")\n')
+    (tmp_path / "main.sx").write_text('(include "lib.sx")\n' + TEXT_SX)
+    checked = sexpgpu_in_process("check", "main.sx", cwd=tmp_path)
+    line = error_line(checked)
+    assert line == "lib.sx:2:10: include cycle: main.sx -> lib.sx -> main.sx", line
 
 
 def test_a_missing_sx_file_is_one_line(tmp_path):

@@ -53,7 +53,8 @@ def test_a_finished_run_is_followed_to_its_end_and_marked(workdir):
 
 def test_a_corrupt_evaluated_json_is_one_line_and_nothing_is_evaluated(workdir):
     train(workdir)
-    for text in ("{not json", '{"probe": "2,4"}', "[2, 4]"):
+    deep = "[" * 200_000 + "]" * 200_000  # past the parser's recursion
+    for text in ("{not json", '{"probe": "2,4"}', "[2, 4]", deep, '{"probe":[true,4]}'):
         (workdir / "ck" / "evaluated.json").write_text(text)
         result = follow(workdir)
         assert result.returncode == 1

@@ -76,9 +76,21 @@ def test_evaluated_json_round_trips_and_a_bad_one_is_refused(tmp_path):
     storage = open_location(str(tmp_path))
     assert read_evaluated(storage) == {}
     write_evaluated(storage, {"probe": [4, 2], "eval": [250]})
-    assert (tmp_path / "evaluated.json").read_text() == '{"eval": [250], "probe": [2, 4]}\n'
+    assert (tmp_path / "evaluated.json").read_text() == '{"eval":[250],"probe":[2,4]}\n'
     assert read_evaluated(storage) == {"eval": [250], "probe": [2, 4]}
-    for bad in (b"", b"{", b'{"probe": [2, "4"]}', b'{"probe": [-1]}', b"[]", b"\xff"):
+    deep = b"[" * 200_000 + b"]" * 200_000
+    boolean, huge = b'{"probe": [true, 4]}', b'{"probe": [%d]}' % 2**63
+    for bad in (
+        b"",
+        b"{",
+        b'{"probe": [2, "4"]}',
+        b'{"probe": [-1]}',
+        b"[]",
+        b"\xff",
+        deep,
+        boolean,
+        huge,
+    ):
         (tmp_path / "evaluated.json").write_bytes(bad)
         with pytest.raises(CheckpointError) as caught:
             read_evaluated(storage)

@@ -81,12 +81,44 @@ def test_collect_evaluates_nothing():
 def test_collect_reads_an_include_once_relative_to_its_file(tmp_path):
     (tmp_path / "lib").mkdir()
     (tmp_path / "lib" / "a.sx").write_text('(include "b.sx")\n(defknob a 1)\n')
-    (tmp_path / "lib" / "b.sx").write_text('(include "a.sx")\n(defknob b 2)\n')
+    (tmp_path / "lib" / "b.sx").write_text("(defknob b 2)\n")
     main = str(tmp_path / "m.sx")
-    text = '(include "lib/a.sx")\n(include "lib/b.sx")\n'
+    text = '(include "lib/a.sx")\n(include "lib/b.sx")\n'  # b twice: by a, then by m
     defs = collect(_core(), SourceText(text, text.encode(), main, "m.sx", main))
     assert [s.name for s in defs.sources] == [CORE_NAME, "m.sx", "lib/a.sx", "lib/b.sx"]
     assert list(defs.knobs) == ["b", "a"]
+
+
+@pytest.mark.parametrize(
+    ("files", "chain", "where"),
+    [
+        ({"m.sx": '(include "m.sx")'}, "m.sx -> m.sx", "m.sx:1:10"),
+        (
+            {
+                "m.sx": '(include "lib/a.sx")',
+                "lib/a.sx": '(include "b.sx")',
+                "lib/b.sx": '(defknob b 2)\n(include "../m.sx")',
+            },  # fmt: skip
+            "m.sx -> lib/a.sx -> lib/b.sx -> m.sx",
+            "lib/b.sx:2:10",
+        ),
+        (
+            {"m.sx": '(include "a.sx")', "a.sx": '(include "b.sx")', "b.sx": '(include "a.sx")'},
+            "a.sx -> b.sx -> a.sx",
+            "b.sx:1:10",
+        ),
+    ],
+)
+def test_an_include_cycle_is_an_error_naming_the_chain(tmp_path, files, chain, where):
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    main = str(tmp_path / "m.sx")
+    text = files["m.sx"]
+    with pytest.raises(SourceError) as raised:
+        collect(_core(), SourceText(text, text.encode(), main, "m.sx", main))
+    assert str(raised.value).endswith(f"include cycle: {chain}")
+    assert str(raised.value).startswith(str(tmp_path / where))
 
 
 def test_collect_keeps_the_preludes_layers_apart():

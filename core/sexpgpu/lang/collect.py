@@ -84,6 +84,8 @@ class _Collector:
         self.base_dir = base_dir
         self.sources: list[g.Source] = []
         self.read_paths: set[str] = set()
+        # the files being read, outermost first: an include of one of them is a cycle
+        self.reading: list[tuple[str | None, str]] = []
         self.layers: dict[str, LayerDef] = {}
         self.core_layers: dict[str, LayerDef] = {}
         self.knobs: dict[str, KnobDef] = {}
@@ -105,8 +107,10 @@ class _Collector:
         self.sources.append(
             g.Source(source.name, source.path, hashlib.sha256(source.data).hexdigest())
         )
+        self.reading.append((source.path, source.name))
         for form in read(source.text, source.file):
             self.toplevel(form, source.file, source.name == CORE_NAME)
+        self.reading.pop()
 
     def toplevel(self, form: Any, file: str, core: bool) -> None:
         """Collect one top-level form by its head."""
@@ -132,8 +136,12 @@ class _Collector:
         here = os.path.dirname(file) if file != CORE_NAME else self.base_dir
         shown = os.path.normpath(os.path.join(here, rel))
         resolved = os.path.realpath(shown)
+        paths = [path for path, _ in self.reading]
+        if resolved in paths:  # a file including itself, or one that includes it
+            names = [name for _, name in self.reading[paths.index(resolved) :]]
+            raise err(f"include cycle: {' -> '.join([*names, names[0]])}", form.items[1].pos)
         if resolved in self.read_paths:
-            return  # each file is read once; a cycle of includes ends here
+            return  # each file is read once (two files may include a third)
         try:
             data = read_source_file(resolved)
             text = data.decode("utf-8")
