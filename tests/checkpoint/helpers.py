@@ -95,6 +95,10 @@ def tensors_for(program: Program, seed: int = 0):
     return params, states
 
 
+LOADED = {"size": 16, "version": "sha256:" + "a" * 64}
+"""The stand-in identity of every ``:load`` file a checkpoint written here pins."""
+
+
 def write(storage, program: Program, step: int = 4, *, finished: bool = False, seed: int = 0):
     """Write a checkpoint of ``program`` at ``step``; returns (key, params, states, state, experiment)."""
     params, states = tensors_for(program, seed)
@@ -114,6 +118,8 @@ def write(storage, program: Program, step: int = 4, *, finished: bool = False, s
         nodes=1,
         finished=finished,
         state_names=adam_states(program),
+        # a :load parameter's file as a run pins it (a stand-in identity)
+        loaded={p.path: LOADED for p in program.params if p.load is not None},
     )
     key = ckpt.write_checkpoint(storage, step, params, states, state, experiment)
     return key, params, states, state, experiment

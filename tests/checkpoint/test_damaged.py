@@ -146,6 +146,19 @@ CASES = {
         [E, "'model..embed' that is not a dotted path"],
         "E-CKPT-003",
     ),
+    "a load entry without its file's size and version": (
+        lambda f: _rewrite_json(f / E, _first_param(lambda p: p.update(load={"uri": "t.st"}))),
+        [E, "not a sexpgpu checkpoint's"],
+        "E-CKPT-003",
+    ),
+    "a load entry with a null version": (
+        lambda f: _rewrite_json(
+            f / E,
+            _first_param(lambda p: p.update(load={"uri": "t.st", "size": 8, "version": None})),
+        ),
+        [E, "not a sexpgpu checkpoint's"],
+        "E-CKPT-003",
+    ),
     "a tensor name that climbs": (
         lambda f: _tensors(f / P, _rename("model.embed", "../model.embed")),
         [P, "'../model.embed', which is no parameter name"],

@@ -109,7 +109,7 @@ def test_describe_checkpoint_returns_the_data_the_cli_lays_out(storage, location
     assert (description.step, description.devices, description.nodes) == (6, 1, 1)
     assert description.knobs[0] == KnobRecord("lr", 0.5, "default")
     assert description.loaded == (
-        LoadRecord("teacher.w", "teacher.w", "teacher.safetensors", None, None),
+        LoadRecord("teacher.w", "teacher.w", "teacher.safetensors", 16, "sha256:" + "a" * 64),
     )
     params, states = description.files
     assert (params.name, states.name) == ("params.safetensors", "states.safetensors")

@@ -69,12 +69,13 @@ def experiment_record(
             "tags": list(param.tags),
         }
         if param.load is not None:
-            pinned = dict(loaded.get(param.path, {}))
+            # the file's identity is what a resume compares: no entry without it
+            pinned = loaded[param.path]
             entry["load"] = {
                 "uri": pinned.get("uri", param.load.uri),
                 "tensor": pinned.get("tensor", param.load.tensor),
-                "size": pinned.get("size"),
-                "version": pinned.get("version"),
+                "size": pinned["size"],
+                "version": pinned["version"],
             }
         params.append(entry)
     return {

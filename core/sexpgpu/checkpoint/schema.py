@@ -57,12 +57,14 @@ _PARAM = {
         "tags": {"type": "array", "items": {"type": "string"}},
         "load": {
             "type": "object",
-            "required": ["uri"],
+            # the identity of the file read, which a resume compares: a run always
+            # writes both (E-CKPT-003 for an entry without them)
+            "required": ["uri", "size", "version"],
             "properties": {
                 "uri": {"type": "string"},
                 "tensor": {"type": ["string", "null"]},
-                "size": {"anyOf": [_COUNT, {"type": "null"}]},
-                "version": {"type": ["string", "null"]},
+                "size": _COUNT,
+                "version": {"type": "string", "minLength": 1},
             },
         },
     },
