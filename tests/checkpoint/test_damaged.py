@@ -244,3 +244,24 @@ def test_no_pickle_is_ever_loaded(storage, location, program):
     (Path(location) / key / P).write_bytes(pickle.dumps({"model.embed": [1.0]}))
     with pytest.raises(CheckpointError, match="E-CKPT-002"):
         ckpt.load_checkpoint(storage, key)
+
+
+NAMES = ["a tensor name that climbs", "a parameter tensor with a separator",
+         "a state tensor with a separator too many"]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", NAMES)
+def test_a_foreign_tensor_name_is_one_code_to_a_resume_and_to_describe(
+    case, storage, location, program
+):
+    """``sexpgpu checkpoint`` (describe) says what a resume says of a tensor name
+    sexpgpu never writes: E-CKPT-003, one damage, one code."""
+    damage, words, code = CASES[case]
+    key = write(storage, program, 4)[0]
+    damage(Path(location) / key)
+    with pytest.raises(CheckpointError) as resumed:
+        ckpt.load_checkpoint(storage, key)
+    with pytest.raises(CheckpointError) as described:
+        ckpt.describe_checkpoint(storage, key)
+    assert described.value.code == resumed.value.code == code == "E-CKPT-003"
+    assert str(described.value) == str(resumed.value)

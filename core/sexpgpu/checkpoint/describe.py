@@ -11,7 +11,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from sexpgpu.checkpoint.keys import PARAMS_FILE, STATES_FILE, file_key, location_of
-from sexpgpu.checkpoint.read import read_experiment, read_header, read_state
+from sexpgpu.checkpoint.read import (
+    check_tensor_names,
+    read_experiment,
+    read_header,
+    read_state,
+)
 from sexpgpu.checkpoint.records import expected_tensors
 
 if TYPE_CHECKING:
@@ -157,6 +162,8 @@ def _tensor_files(
     files, problems = [], []
     for file, wanted in ((PARAMS_FILE, want_params), (STATES_FILE, state_shapes)):
         header = read_header(storage, file_key(key, file))
+        where = location_of(storage, file_key(key, file))
+        check_tensor_names(header, where, "parameter" if file == PARAMS_FILE else "state")
         order = list(wanted)
         names = [n for n in order if n in header] + sorted(n for n in header if n not in order)
         problems += _header_problems(file, header, wanted)

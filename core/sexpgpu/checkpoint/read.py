@@ -132,7 +132,11 @@ def read_header(storage: Storage, key: str) -> dict[str, Any]:
     return header
 
 
-def _check_names(header: Mapping[str, Any], expected: set[str], where: str, what: str) -> None:
+def check_tensor_names(header: Mapping[str, Any], where: str, what: str) -> None:
+    """Refuse a tensor file whose header names a tensor sexpgpu never writes: a
+    parameter's dotted path (``what`` ``"param"``), or ``<path>/<state>``
+    (``"state"``); :class:`CheckpointError` ``E-CKPT-003`` otherwise, from a resume
+    and from ``sexpgpu checkpoint`` alike."""
     for name in header:
         parts = name.split("/")
         if not all(is_dotted_path(part) for part in parts) or len(parts) > (
@@ -141,6 +145,10 @@ def _check_names(header: Mapping[str, Any], expected: set[str], where: str, what
             raise CheckpointError(
                 f"{where} has a tensor named {name!r}, which is no {what} name", code=E_FOREIGN
             )
+
+
+def _check_names(header: Mapping[str, Any], expected: set[str], where: str, what: str) -> None:
+    check_tensor_names(header, where, what)
     extra = sorted(set(header) - expected)
     missing = sorted(expected - set(header))
     if extra or missing:
