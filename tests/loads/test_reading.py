@@ -160,6 +160,16 @@ def test_an_index_names_the_shard(tmp_path: Path) -> None:
         ),
         ((2**40).to_bytes(8, "little"), "its header length 1099511627776 is past any header"),
         ((4).to_bytes(8, "little") + b"nope", "its header is not JSON"),
+        *(
+            (len(h).to_bytes(8, "little") + h + bytes(8), "has no dtype, shape and offsets")
+            for h in (
+                b'{"w":{"dtype":"F32","shape":[2],"data_offsets":[-8,0]}}',
+                b'{"w":{"dtype":"F32","shape":[2.0],"data_offsets":[0,8]}}',
+                b'{"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8.5]}}',
+                b'{"w":{"dtype":"F32","shape":[true,2],"data_offsets":[0,8]}}',
+                b'{"w":[1,2]}',
+            )
+        ),
     ],
 )
 def test_a_file_that_is_not_safetensors_is_one_line(

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from sexpgpu.checkpoint.keys import is_count
 from sexpgpu.errors import Pos, SexpError, SourceError, StorageError
 
 if TYPE_CHECKING:
@@ -162,11 +163,24 @@ def _entries(raw: bytes, base: int, uri: str) -> dict[str, TensorEntry]:
     for name, item in header.items():
         if name == "__metadata__":
             continue
-        try:
-            dtype, shape = str(item["dtype"]), tuple(int(n) for n in item["shape"])
-            start, end = (int(n) for n in item["data_offsets"])
-        except (KeyError, TypeError, ValueError):
-            raise bad(f"the header's entry for {name} has no dtype, shape and offsets") from None
+        shape = item.get("shape") if isinstance(item, dict) else None
+        offsets = item.get("data_offsets") if isinstance(item, dict) else None
+        if not (
+            isinstance(item, dict)
+            and isinstance(item.get("dtype"), str)
+            and isinstance(shape, list)
+            and all(is_count(n) for n in shape)
+            and isinstance(offsets, list)
+            and len(offsets) == 2
+            and all(is_count(n) for n in offsets)
+        ):
+            # a fraction or a negative number is refused, never rounded or read before
+            # the data
+            raise bad(
+                f"the header's entry for {name} has no dtype, shape and offsets "
+                "(whole numbers of at least 0)"
+            )
+        dtype, shape, (start, end) = item["dtype"], tuple(shape), offsets
         size = _ITEMSIZE.get(dtype)
         if end < start or (size is not None and end - start != size * math.prod(shape)):
             raise bad(f"{name}'s offsets do not fit its shape and dtype")
