@@ -7,11 +7,10 @@ from collections.abc import Sequence
 import click
 
 from sexpgpu.catalog import Catalog
-from sexpgpu.errors import RunError, SexpError, UsageError
+from sexpgpu.errors import RunError, UsageError
 from sexpgpu.session import CheckpointOpener, evaluator
 from sexpgpu.signals import StopWatch, process_watch
 from sexpgpu_eval.follow import Evaluation, Reporting, Stopped, follow
-from sexpgpu_eval.reading import one_line
 
 DEFAULT_METRICS_DIR = "./sexpgpu-runs"
 """Where the JSONL sink writes unless told (``sexpgpu run``'s default too)."""
@@ -33,7 +32,8 @@ def run_evaluate(
     metrics_wait: float,
 ) -> int:
     """Evaluate as the command was asked; returns the exit status (``128 + n`` on a
-    signal). A user's mistake raises a one-line :class:`sexpgpu.errors.SexpError`."""
+    signal). A user's mistake raises a :class:`sexpgpu.errors.SexpError`, printed as
+    ``run`` prints it (``E-CKPT-004`` and ``E-LOAD-001`` list a parameter a line)."""
     watch = process_watch()
     owned = watch is None
     if watch is None:
@@ -65,8 +65,6 @@ def run_evaluate(
             reporting.close()
             click.echo(f"sexpgpu evaluate: interrupted by {name} at step {stop.step}", err=True)
             return 128 + signum
-        except SexpError as error:
-            raise one_line(error) from None
         undelivered = reporting.close()
         if undelivered:
             raise RunError(f"{undelivered} metrics events were not delivered")

@@ -132,14 +132,15 @@ def test_an_incomplete_checkpoint_is_one_line(workdir):
     assert "not a complete checkpoint" in result.stderr
 
 
-def test_another_programs_checkpoint_is_one_line(workdir):
+def test_another_programs_checkpoint_is_said_as_a_resume_says_it(workdir):
     train(workdir)
     other = (workdir / "eval.sx").read_text().replace("(net 32 8)", "(net 32 16)")
     (workdir / "other.sx").write_text(other)
     result = evaluate(workdir, "ck/step-00000004", "--file", "other.sx")
-    assert result.returncode != 0
-    line = one_line(result.stderr)
-    assert "E-CKPT-004" in line and "model.embed" in line
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    said = [line for line in result.stderr.splitlines() if line.strip() and line[0] != "{"]
+    assert said[0].startswith("sexpgpu evaluate: E-CKPT-004: ")
+    assert any(line.startswith("  model.embed") for line in said[1:]), said
 
 
 def test_a_changed_source_is_evaluated_and_what_moved_annotated(workdir):
