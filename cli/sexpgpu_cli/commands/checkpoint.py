@@ -39,6 +39,7 @@ def checkpoint(location: str) -> None:
     """
     from sexpgpu.checkpoint import (
         E_DAMAGED,
+        E_FOREIGN,
         describe_checkpoint,
         list_checkpoints,
         open_checkpoint,
@@ -57,9 +58,15 @@ def checkpoint(location: str) -> None:
     click.echo(render_checkpoint(description), nl=False)
     if description.problems:
         count = len(description.problems)
+        flagged = f"{count} problem{'s' if count != 1 else ''}, flagged with ! above"
+        if description.foreign is not None:  # as a resume says it: one damage, one code
+            raise CheckpointError(
+                f"{shown(description.location)}/{shown(description.foreign)} ({flagged})",
+                code=E_FOREIGN,
+            )
         raise CheckpointError(
             f"{shown(description.location)}: the tensor files disagree with experiment.json "
-            f"({count} problem{'s' if count != 1 else ''}, flagged with ! above)",
+            f"({flagged})",
             code=E_DAMAGED,
         )
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from sexpgpu.checkpoint.keys import PARAMS_FILE, STATES_FILE, file_key, location_of
 from sexpgpu.checkpoint.read import (
-    check_tensor_names,
+    foreign_tensor_name,
     read_experiment,
     read_header,
     read_state,
@@ -96,6 +96,9 @@ class CheckpointDescription:
     problems: tuple[str, ...] = ()
     """Where the tensor headers disagree with ``experiment.json``, one line each (the
     checks a resume makes of the tensors, less their bytes); empty when they agree."""
+    foreign: str | None = None
+    """The first tensor name sexpgpu never writes, said as a resume says it (the
+    damage is then ``E-CKPT-003``, as to a resume); ``None`` when there is none."""
 
 
 def describe_checkpoint(storage: Storage, key: str) -> CheckpointDescription:
@@ -105,7 +108,7 @@ def describe_checkpoint(storage: Storage, key: str) -> CheckpointDescription:
     ``experiment.json`` is an error (``E-CKPT-001``)."""
     experiment = read_experiment(storage, key)
     state = read_state(storage, key, experiment)
-    files, problems = _tensor_files(storage, key, experiment)
+    files, problems, foreign = _tensor_files(storage, key, experiment)
     return CheckpointDescription(
         location=location_of(storage, key),
         step=state["step"],
@@ -130,6 +133,7 @@ def describe_checkpoint(storage: Storage, key: str) -> CheckpointDescription:
         loaded=_loaded(experiment),
         files=files,
         problems=problems,
+        foreign=foreign[0] if foreign else None,
     )
 
 
@@ -153,17 +157,19 @@ def _loaded(experiment: dict[str, Any]) -> tuple[LoadRecord, ...]:
 
 def _tensor_files(
     storage: Storage, key: str, experiment: dict[str, Any]
-) -> tuple[tuple[TensorFile, ...], tuple[str, ...]]:
+) -> tuple[tuple[TensorFile, ...], tuple[str, ...], list[str]]:
     """Each tensor file's tensors from its header, and where they disagree with
     ``experiment.json``."""
     declared = {entry["path"]: entry for entry in experiment["params"]}
     want_params, want_states = expected_tensors(experiment)
     state_shapes = {name: want_params.get(path) for name, path in want_states.items()}
-    files, problems = [], []
+    files, problems, foreign = [], [], []
     for file, wanted in ((PARAMS_FILE, want_params), (STATES_FILE, state_shapes)):
         header = read_header(storage, file_key(key, file))
-        where = location_of(storage, file_key(key, file))
-        check_tensor_names(header, where, "parameter" if file == PARAMS_FILE else "state")
+        what = "parameter" if file == PARAMS_FILE else "state"
+        name = foreign_tensor_name(header, what)
+        if name is not None and not foreign:
+            foreign.append(f"{file} has a tensor named {name!r}, which is no {what} name")
         order = list(wanted)
         names = [n for n in order if n in header] + sorted(n for n in header if n not in order)
         problems += _header_problems(file, header, wanted)
@@ -180,7 +186,7 @@ def _tensor_files(
                 )
             )
         files.append(TensorFile(file, tuple(tensors)))
-    return tuple(files), tuple(problems)
+    return tuple(files), tuple(problems), foreign
 
 
 def _header_problems(file: str, header: dict[str, Any], wanted: dict[str, Any]) -> list[str]:

@@ -137,14 +137,23 @@ def check_tensor_names(header: Mapping[str, Any], where: str, what: str) -> None
     parameter's dotted path (``what`` ``"param"``), or ``<path>/<state>``
     (``"state"``); :class:`CheckpointError` ``E-CKPT-003`` otherwise, from a resume
     and from ``sexpgpu checkpoint`` alike."""
+    name = foreign_tensor_name(header, what)
+    if name is not None:
+        raise CheckpointError(
+            f"{where} has a tensor named {name!r}, which is no {what} name", code=E_FOREIGN
+        )
+
+
+def foreign_tensor_name(header: Mapping[str, Any], what: str) -> str | None:
+    """The first tensor name in ``header`` that is no ``what`` (``"parameter"``,
+    ``"state"``) name sexpgpu writes, or ``None``."""
     for name in header:
         parts = name.split("/")
         if not all(is_dotted_path(part) for part in parts) or len(parts) > (
             2 if what == "state" else 1
         ):
-            raise CheckpointError(
-                f"{where} has a tensor named {name!r}, which is no {what} name", code=E_FOREIGN
-            )
+            return name
+    return None
 
 
 def _check_names(header: Mapping[str, Any], expected: set[str], where: str, what: str) -> None:
