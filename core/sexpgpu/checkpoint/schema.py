@@ -46,6 +46,17 @@ _VALUE = {
     ]
 }
 
+# A knob's value: any number the writer can write, a float of any size (1e20, -0.0)
+# or an integer of any length a `.sx` file may hold, since the run took it; JSON
+# Schema counts 1e20 as an integer, so the int64 bound of _VALUE cannot apply here.
+_KNOB_VALUE = {
+    "anyOf": [
+        {"type": ["string", "boolean", "null", "number"]},
+        {"type": "array", "items": {"$ref": "#/$defs/knob"}},
+        {"type": "object", "additionalProperties": {"$ref": "#/$defs/knob"}},
+    ]
+}
+
 _PARAM = {
     "type": "object",
     "required": ["path", "shape", "dtype", "trainable"],
@@ -71,7 +82,7 @@ _PARAM = {
 }
 
 EXPERIMENT_SCHEMA: dict[str, Any] = {
-    "$defs": {"value": _VALUE},
+    "$defs": {"value": _VALUE, "knob": _KNOB_VALUE},
     "type": "object",
     "required": ["format", "params", "sources", "knobs", "choices", "slug"],
     "properties": {
@@ -99,7 +110,7 @@ EXPERIMENT_SCHEMA: dict[str, Any] = {
             "items": {
                 "type": "object",
                 "required": ["name", "value"],
-                "properties": {"name": _NAME, "value": {"$ref": "#/$defs/value"}, "source": _TEXT},
+                "properties": {"name": _NAME, "value": {"$ref": "#/$defs/knob"}, "source": _TEXT},
             },
         },
         "params": {"type": "array", "items": _PARAM},
@@ -130,7 +141,7 @@ EXPERIMENT_SCHEMA: dict[str, Any] = {
 """What ``experiment.json`` may hold (docs/checkpoints.md); keys it does not name are kept."""
 
 STATE_SCHEMA: dict[str, Any] = {
-    "$defs": {"value": _VALUE},
+    "$defs": {"value": _VALUE, "knob": _KNOB_VALUE},
     "type": "object",
     "required": ["step", "stage", "records", "seed"],
     "properties": {
