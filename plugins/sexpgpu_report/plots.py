@@ -71,13 +71,14 @@ def thinned(points: Sequence[tuple[int, float]]) -> tuple[tuple[int, float], ...
     buckets = MOST_POINTS // 2
     kept: list[tuple[int, float]] = []
     for b in range(buckets):
-        bucket = points[b * len(points) // buckets : (b + 1) * len(points) // buckets]
-        finite = [p for p in bucket if drawable(p[1]) is not None]
-        gaps = [p for p in bucket if drawable(p[1]) is None][:1]  # a gap stays a gap
-        extremes = (
-            {min(finite, key=lambda p: p[1]), max(finite, key=lambda p: p[1])} if finite else set()
-        )
-        kept.extend(sorted({*extremes, *gaps}))
+        low = high = gap = None
+        for point in points[b * len(points) // buckets : (b + 1) * len(points) // buckets]:
+            if drawable(point[1]) is None:
+                gap = gap or point  # a gap stays a gap
+            else:
+                low = point if low is None or point[1] < low[1] else low
+                high = point if high is None or point[1] > high[1] else high
+        kept.extend(sorted({p for p in (low, high, gap) if p is not None}))
     return tuple(kept)
 
 

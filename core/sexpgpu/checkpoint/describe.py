@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from sexpgpu.checkpoint.keys import PARAMS_FILE, STATES_FILE, file_key, location_of
 from sexpgpu.checkpoint.read import (
-    foreign_tensor_name,
+    foreign_tensor,
     read_experiment,
     read_header,
     read_state,
@@ -167,9 +167,9 @@ def _tensor_files(
     for file, wanted in ((PARAMS_FILE, want_params), (STATES_FILE, state_shapes)):
         header = read_header(storage, file_key(key, file))
         what = "parameter" if file == PARAMS_FILE else "state"
-        name = foreign_tensor_name(header, what)
-        if name is not None and not foreign:
-            foreign.append(f"{file} has a tensor named {name!r}, which is no {what} name")
+        said = foreign_tensor(header, what)
+        if said is not None and not foreign:
+            foreign.append(f"{file} {said}")
         order = list(wanted)
         names = [n for n in order if n in header] + sorted(n for n in header if n not in order)
         problems += _header_problems(file, header, wanted)

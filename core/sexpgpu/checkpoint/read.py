@@ -132,32 +132,24 @@ def read_header(storage: Storage, key: str) -> dict[str, Any]:
     return header
 
 
-def check_tensor_names(header: Mapping[str, Any], where: str, what: str) -> None:
-    """Refuse a tensor file whose header names a tensor sexpgpu never writes: a
-    parameter's dotted path (``what`` ``"param"``), or ``<path>/<state>``
-    (``"state"``); :class:`CheckpointError` ``E-CKPT-003`` otherwise, from a resume
-    and from ``sexpgpu checkpoint`` alike."""
-    name = foreign_tensor_name(header, what)
-    if name is not None:
-        raise CheckpointError(
-            f"{where} has a tensor named {name!r}, which is no {what} name", code=E_FOREIGN
-        )
-
-
-def foreign_tensor_name(header: Mapping[str, Any], what: str) -> str | None:
-    """The first tensor name in ``header`` that is no ``what`` (``"parameter"``,
-    ``"state"``) name sexpgpu writes, or ``None``."""
+def foreign_tensor(header: Mapping[str, Any], what: str) -> str | None:
+    """What is wrong with the first tensor name in ``header`` that sexpgpu never writes
+    as a ``what`` (``"parameter"``: a dotted path; ``"state"``: ``<path>/<state>``),
+    worded for after the file's name; ``None`` when every name is one. A resume
+    refuses it (``E-CKPT-003``) and ``sexpgpu checkpoint`` says it the same way."""
     for name in header:
         parts = name.split("/")
         if not all(is_dotted_path(part) for part in parts) or len(parts) > (
             2 if what == "state" else 1
         ):
-            return name
+            return f"has a tensor named {name!r}, which is no {what} name"
     return None
 
 
 def _check_names(header: Mapping[str, Any], expected: set[str], where: str, what: str) -> None:
-    check_tensor_names(header, where, what)
+    foreign = foreign_tensor(header, what)
+    if foreign is not None:
+        raise CheckpointError(f"{where} {foreign}", code=E_FOREIGN)
     extra = sorted(set(header) - expected)
     missing = sorted(expected - set(header))
     if extra or missing:
