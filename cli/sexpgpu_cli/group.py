@@ -16,7 +16,7 @@ import click
 
 from sexpgpu import __version__
 from sexpgpu.catalog import Catalog
-from sexpgpu.errors import SexpError, SourceError
+from sexpgpu.errors import SexpError, SourceError, UsageError
 from sexpgpu_cli.commands import BUILTIN_COMMANDS
 
 
@@ -133,10 +133,9 @@ def invoke(args: list[str]) -> int | str | None:
     except click.BadParameter as exc:
         # a value of the wrong kind is one line, as our own usage errors are; only an
         # unknown option (click's NoSuchOption) shows the usage above its line
-        command = LazyGroup.invoked
-        click.echo(f"sexpgpu {command}: {exc.format_message()}" if command else
-                   f"sexpgpu: {exc.format_message()}", err=True)  # fmt: skip
-        return exc.exit_code
+        said = UsageError(exc.format_message())
+        click.echo(error_line(said), err=True)
+        return said.exit_code
     except click.ClickException as exc:
         exc.show()
         return exc.exit_code
