@@ -84,12 +84,9 @@ class Worker:
             except OSError:  # the launcher has gone (a second signal): so do we, soon
                 self.folder = None
         if self.rank != 0 and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-            import structlog
+            from sexpgpu import log
 
-            # rank 0 tells the run; the others say only what goes wrong
-            structlog.configure(
-                wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING)
-            )
+            log.show_from("warning")  # rank 0 tells the run; the others say only what goes wrong
 
     def run(self, options: Any, catalog: Any) -> Any:
         """``sexpgpu.train.run(options, catalog)``; an error before the first step

@@ -12,8 +12,6 @@ import re
 import sys
 from typing import Any
 
-import structlog
-
 # Whole words of a key only, so a counter named `tokens` is not taken for a secret.
 _SECRET_KEY = re.compile(
     r"(?:^|[_\-.])(secret|token|password|passwd|credentials?|access_key|api_key|session_key|private_key)(?:$|[_\-.])",
@@ -51,11 +49,34 @@ class _Stderr:
         return sys.stderr.isatty()
 
 
+_DEFAULTS: dict[str, Any] = {"level": "info", "fmt": "auto", "stream": None}
+# what the next line logged sets structlog up with: structlog (and the rich it
+# imports) costs a command that logs nothing about 0.1 s, so it waits for a line
+_pending: dict[str, Any] | None = None
+_applied: dict[str, Any] = dict(_DEFAULTS)
+
+
 def configure(level: str = "info", fmt: str = "auto", stream: Any = None) -> None:
-    """Set up structlog once per process: ``fmt`` is ``console``, ``json`` or ``auto``
-    (console on a terminal, JSON otherwise). Without ``stream`` lines go to the
-    current ``sys.stderr``."""
-    global _configured
+    """Set how log lines are written: ``fmt`` is ``console``, ``json`` or ``auto``
+    (console on a terminal, JSON otherwise); without ``stream`` lines go to the
+    current ``sys.stderr``. Takes effect at the next line logged."""
+    global _pending, _configured
+    _pending = {"level": level, "fmt": fmt, "stream": stream}
+    _configured = False
+
+
+def show_from(level: str) -> None:
+    """Show only lines at ``level`` or above from now on, written as configured."""
+    global _pending, _configured
+    _pending = {**(_pending or _applied), "level": level}
+    _configured = False
+
+
+def _apply(level: str, fmt: str, stream: Any) -> None:
+    import structlog
+
+    global _configured, _applied
+    _applied = {"level": level, "fmt": fmt, "stream": stream}
     stream = stream or _Stderr()
     if fmt == "auto":
         fmt = "console" if stream.isatty() else "json"
@@ -85,6 +106,11 @@ def configure(level: str = "info", fmt: str = "auto", stream: Any = None) -> Non
 
 def get_logger(name: str = "sexpgpu", **context: Any) -> Any:
     """A structlog logger, ``context`` on each line, configured as at each call (defaults first)."""
+    import structlog
+
+    global _pending
     if not _configured:
-        configure()
+        # set up as last configured, or (after a reset) with the defaults
+        _apply(**(_pending or _DEFAULTS))
+        _pending = None
     return structlog.get_logger(name, **context)

@@ -9,8 +9,21 @@ is asked for (``sexpgpu --help`` and ``sexpgpu plugins`` stay fast); never torch
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from importlib import import_module
+from typing import Any
+
 from sexpgpu.extension import DataSourceInfo
 from sexpgpu.hookspecs import hookimpl
+
+from .defaults import (
+    ARITH_DEFAULTS,
+    NPY_DEFAULTS,
+    SEQ_DEFAULTS,
+    SHAPES_DEFAULTS,
+    TEXT_DEFAULTS,
+    TOKENS_DEFAULTS,
+)
 
 __all__ = ["DataFileError", "DataOptionError", "data_sources", "rng_for", "sexpgpu_data_sources"]
 
@@ -26,16 +39,25 @@ def __getattr__(name: str):
     raise AttributeError(name)
 
 
+def _later(module: str, name: str) -> Callable[..., Any]:
+    """``module.name``, imported at its first call: the loaders' modules import numpy,
+    which listing the sources does not need."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return getattr(import_module(f"{__name__}.{module}"), name)(*args, **kwargs)
+
+    call.__name__ = call.__qualname__ = name
+    return call
+
+
 def data_sources() -> list[DataSourceInfo]:
     """Every built-in data source's descriptor."""
-    from . import files, generated
-
     return [
         DataSourceInfo(
             name="arithmetic",
-            options=dict(generated.ARITH_DEFAULTS),
-            fields=generated.arithmetic_fields,
-            factory=generated.arithmetic_loader,
+            options=dict(ARITH_DEFAULTS),
+            fields=_later("generated", "arithmetic_fields"),
+            factory=_later("generated", "arithmetic_loader"),
             doc="Addition problems 'a+b=c' as tokens (vocab 16: digits 0-9, + 10, = 11, pad 12, end 13); "
             "only the answer is scored.",
             option_docs={
@@ -45,9 +67,9 @@ def data_sources() -> list[DataSourceInfo]:
         ),
         DataSourceInfo(
             name="copy",
-            options=dict(generated.SEQ_DEFAULTS),
-            fields=generated.copy_fields,
-            factory=generated.copy_loader,
+            options=dict(SEQ_DEFAULTS),
+            fields=_later("generated", "copy_fields"),
+            factory=_later("generated", "copy_loader"),
             doc="Random symbols, a separator, then the same symbols again; only the copy is scored.",
             option_docs={
                 "vocab": "token count (at least 4): symbols 0..vocab-3, separator vocab-2, pad vocab-1",
@@ -57,9 +79,9 @@ def data_sources() -> list[DataSourceInfo]:
         ),
         DataSourceInfo(
             name="sort",
-            options=dict(generated.SEQ_DEFAULTS),
-            fields=generated.sort_fields,
-            factory=generated.sort_loader,
+            options=dict(SEQ_DEFAULTS),
+            fields=_later("generated", "sort_fields"),
+            factory=_later("generated", "sort_loader"),
             doc="Random symbols, a separator, then the symbols in ascending order; only the sorted half is scored.",
             option_docs={
                 "vocab": "token count (at least 4): symbols 0..vocab-3, separator vocab-2, pad vocab-1",
@@ -69,9 +91,9 @@ def data_sources() -> list[DataSourceInfo]:
         ),
         DataSourceInfo(
             name="shapes",
-            options=dict(generated.SHAPES_DEFAULTS),
-            fields=generated.shapes_fields,
-            factory=generated.shapes_loader,
+            options=dict(SHAPES_DEFAULTS),
+            fields=_later("generated", "shapes_fields"),
+            factory=_later("generated", "shapes_loader"),
             tokens_field=None,
             doc="Noisy 1-channel images of one shape each (square, circle, cross, hbar, vbar, triangle, "
             "ring, diagonal); the target is the shape's class.",
@@ -83,18 +105,18 @@ def data_sources() -> list[DataSourceInfo]:
         ),
         DataSourceInfo(
             name="text",
-            options=dict(files.TEXT_DEFAULTS),
-            fields=files.text_fields,
-            factory=files.text_loader,
+            options=dict(TEXT_DEFAULTS),
+            fields=_later("files", "text_fields"),
+            factory=_later("files", "text_loader"),
             doc="A file's bytes as tokens (vocab 256), cut into windows of seq+1; targets are the next byte.",
             option_docs={"path": "the text or binary file (relative to the .sx file)"},
             path_options=("path",),
         ),
         DataSourceInfo(
             name="tokens",
-            options=dict(files.TOKENS_DEFAULTS),
-            fields=files.tokens_fields,
-            factory=files.tokens_loader,
+            options=dict(TOKENS_DEFAULTS),
+            fields=_later("files", "tokens_fields"),
+            factory=_later("files", "tokens_loader"),
             doc="A flat file of token ids (nanoGPT .bin) cut into windows of seq+1; targets are the next token.",
             option_docs={
                 "path": "the token file (relative to the .sx file)",
@@ -104,9 +126,9 @@ def data_sources() -> list[DataSourceInfo]:
         ),
         DataSourceInfo(
             name="npy",
-            options=dict(files.NPY_DEFAULTS),
-            fields=files.npy_fields,
-            factory=files.npy_loader,
+            options=dict(NPY_DEFAULTS),
+            fields=_later("files", "npy_fields"),
+            factory=_later("files", "npy_loader"),
             tokens_field=None,
             doc="Records from .npy arrays: features as f32, integer labels as i64 classes, "
             "float labels as f32 regression targets.",

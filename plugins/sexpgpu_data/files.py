@@ -27,6 +27,7 @@ from ._common import (
     rng_for,
     str_option,
 )
+from .defaults import NPY_DEFAULTS, TEXT_DEFAULTS, TOKEN_DTYPES, TOKENS_DEFAULTS
 
 
 class EpochLoader:
@@ -90,10 +91,6 @@ class EpochLoader:
 
 
 # ---------------------------------------------------------------- text and tokens
-
-TEXT_DEFAULTS: dict[str, Any] = {"path": ""}
-TOKENS_DEFAULTS: dict[str, Any] = {"path": "", "dtype": "uint16"}
-TOKEN_DTYPES = ("uint16", "uint32")
 
 
 def _path_option(name: str, opts: Mapping[str, Any]) -> str:
@@ -197,8 +194,6 @@ tokens_loader = _window_loader("tokens", TOKENS_DEFAULTS)
 
 
 # ---------------------------------------------------------------- npy
-
-NPY_DEFAULTS: dict[str, Any] = {"features": "", "labels": ""}
 
 
 def _open_npy(path: str, what: str) -> np.ndarray:

@@ -24,6 +24,7 @@ from ._common import (
     resolve_options,
     str_option,
 )
+from .defaults import ARITH_DEFAULTS, SEQ_DEFAULTS, SHAPES_DEFAULTS
 
 IGNORE = -1
 """The target value cross-entropy skips."""
@@ -41,7 +42,6 @@ ARITH_EQUALS = 11
 ARITH_PAD = 12
 ARITH_END = 13
 ARITH_VOCAB = 16
-ARITH_DEFAULTS: dict[str, Any] = {"digits": 3, "split": "train"}
 
 
 def arithmetic_length(digits: int) -> int:
@@ -124,8 +124,6 @@ def arithmetic_loader(
 
 # ---------------------------------------------------------------- copy and sort
 
-SEQ_DEFAULTS: dict[str, Any] = {"vocab": 16, "length": 0, "split": "train"}
-
 
 def _seqtask_check(name: str, options: Mapping[str, Any], seq: int, batch: int) -> tuple[int, int]:
     opts = resolve_options(name, SEQ_DEFAULTS, options)
@@ -187,7 +185,6 @@ sort_loader = _seqtask_loader("sort")
 
 SHAPE_NAMES = ("square", "circle", "cross", "hbar", "vbar", "triangle", "ring", "diagonal")
 """Class ``k`` draws ``SHAPE_NAMES[k]``; ``:classes N`` uses the first ``N``."""
-SHAPES_DEFAULTS: dict[str, Any] = {"classes": 4, "size": 16, "split": "train"}
 
 
 def _shapes_check(options: Mapping[str, Any], seq: int, batch: int) -> tuple[int, int]:
