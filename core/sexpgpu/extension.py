@@ -501,13 +501,18 @@ class DataSourceInfo:
     ``tokens`` (``records`` is always the batch size). ``path_options`` are the
     options that name files: the compiler makes a relative one relative to the
     `.sx` file that writes it, as ``include`` and ``:load`` are, before
-    ``fields`` and ``factory`` see it.
+    ``fields`` and ``factory`` see it. ``check(options, seq, batch)``, if given,
+    raises if the source's files are missing or too short: the compiler calls it for
+    ``run`` and ``check``, but not for ``sexpgpu evaluate``, which opens only the data
+    its passes read (an evaluator on another machine has no training data). A source
+    whose ``fields`` need a file (``npy`` reads its headers) needs it everywhere.
     """
 
     name: str
     options: Mapping[str, Any]
     fields: Callable[[Mapping[str, Any], int, int], Mapping[str, TensorType]]
     factory: Callable[[Mapping[str, Any], int, int, int], DataLoader]
+    check: Callable[[Mapping[str, Any], int, int], None] | None = None
     tokens_field: str | None = "inputs"
     doc: str = ""
     option_docs: Mapping[str, str] = field(default_factory=dict)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from sexpgpu.choices import LOWERING_CHOICE, Choices, kernel_requests
-from sexpgpu.errors import CheckpointError, PluginError
+from sexpgpu.errors import CheckpointError, PluginError, SexpError, SourceError
 from sexpgpu.extension import DataLoader, DataSourceInfo, Evaluator, Supplies, Trainer
 
 if TYPE_CHECKING:
@@ -61,12 +61,17 @@ class Selection:
             steps=steps,
         )
 
-    def compile(self, catalog: Catalog) -> Program:
-        """The checked program."""
+    def compile(self, catalog: Catalog, *, check_files: bool = True) -> Program:
+        """The checked program (``check_files``: see :func:`sexpgpu.lang.compile_file`)."""
         from sexpgpu.lang import compile_file
 
         return compile_file(
-            self.file, catalog=catalog, sets=dict(self.sets), variant=self.variant, steps=self.steps
+            self.file,
+            catalog=catalog,
+            sets=dict(self.sets),
+            variant=self.variant,
+            steps=self.steps,
+            check_files=check_files,
         )
 
 
@@ -181,9 +186,16 @@ def state_names_for(program: Program, stage: int, catalog: Catalog) -> dict[str,
 
 
 def open_loader(catalog: Catalog, decl: DataDecl, seed: int) -> tuple[DataSourceInfo, DataLoader]:
-    """The data source a ``defdata`` names, and a loader opened on it from ``seed``."""
+    """The data source a ``defdata`` names, and a loader opened on it from ``seed``; a
+    source's complaint (a file gone since the program compiled, or never checked, as
+    ``evaluate`` does not) points at the ``defdata``."""
     info = catalog.data_source(decl.source)
-    return info, info.factory(decl.options, decl.seq, decl.batch, seed)
+    try:
+        return info, info.factory(decl.options, decl.seq, decl.batch, seed)
+    except SexpError as exc:
+        if exc.pos is not None:
+            raise
+        raise SourceError(exc.message, code=exc.code, pos=decl.pos) from None
 
 
 def evaluator(catalog: Catalog) -> Evaluator:
@@ -395,7 +407,8 @@ class CheckpointOpener:
         )
         if identity not in self._programs:
             selection = Selection.recorded(experiment, self.file)
-            self._programs[identity] = selection.compile(self.catalog)
+            # an evaluator reads only its passes' data, opened when a pass runs
+            self._programs[identity] = selection.compile(self.catalog, check_files=False)
         return self._programs[identity]
 
     def _build(self, experiment: Mapping[str, Any]) -> tuple[Program, Trainer, list[str]]:

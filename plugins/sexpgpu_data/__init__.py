@@ -107,6 +107,7 @@ def data_sources() -> list[DataSourceInfo]:
             name="text",
             options=dict(TEXT_DEFAULTS),
             fields=_later("files", "text_fields"),
+            check=_later("files", "text_check"),
             factory=_later("files", "text_loader"),
             doc="A file's bytes as tokens (vocab 256), cut into windows of seq+1; targets are the next byte.",
             option_docs={"path": "the text or binary file (relative to the .sx file)"},
@@ -116,6 +117,7 @@ def data_sources() -> list[DataSourceInfo]:
             name="tokens",
             options=dict(TOKENS_DEFAULTS),
             fields=_later("files", "tokens_fields"),
+            check=_later("files", "tokens_check"),
             factory=_later("files", "tokens_loader"),
             doc="A flat file of token ids (nanoGPT .bin) cut into windows of seq+1; targets are the next token.",
             option_docs={

@@ -124,14 +124,23 @@ def _window_count(name: str, path: str, n: int, seq: int, batch: int, unit: str)
     return windows
 
 
-def _window_check(
+def _window_options(
     name: str, defaults: Mapping[str, Any], options: Mapping[str, Any], seq: int, batch: int
-):
+) -> tuple[str, str]:
+    """The file's path and its item type, the options checked (no file is opened)."""
     opts = resolve_options(name, defaults, options)
     check_seq_batch(name, seq, batch)
     path = _path_option(name, opts)
     if name == "tokens":
-        dtype = str_option(name, opts, "dtype", choices=TOKEN_DTYPES)
+        return path, str_option(name, opts, "dtype", choices=TOKEN_DTYPES)
+    return path, "uint8"
+
+
+def _window_check(
+    name: str, defaults: Mapping[str, Any], options: Mapping[str, Any], seq: int, batch: int
+):
+    path, dtype = _window_options(name, defaults, options, seq, batch)
+    if name == "tokens":
         itemsize = np.dtype(dtype).itemsize
         size = _file_size(name, path)
         if size % itemsize:
@@ -141,23 +150,29 @@ def _window_check(
             )
         n, unit = size // itemsize, "tokens"
     else:
-        dtype, n, unit = "uint8", _file_size(name, path), "bytes"
+        n, unit = _file_size(name, path), "bytes"
     windows = _window_count(name, path, n, seq, batch, unit)
     return path, dtype, n, windows
 
 
 def _window_fields(name: str, defaults: Mapping[str, Any]):
     def fields(options: Mapping[str, Any], seq: int, batch: int) -> dict[str, TensorType]:
-        _window_check(name, defaults, options, seq, batch)
+        _window_options(name, defaults, options, seq, batch)
         return {
             "inputs": TensorType((batch, seq), "i64"),
             "targets": TensorType((batch, seq), "i64"),
         }
 
-    fields.__doc__ = (
-        f"``inputs``/``targets`` i64 ``[batch, seq]`` for ``{name}``; checks the file's size."
-    )
+    fields.__doc__ = f"``inputs``/``targets`` i64 ``[batch, seq]`` for ``{name}``; opens no file."
     return fields
+
+
+def _window_file_check(name: str, defaults: Mapping[str, Any]):
+    def check(options: Mapping[str, Any], seq: int, batch: int) -> None:
+        _window_check(name, defaults, options, seq, batch)
+
+    check.__doc__ = f"Raise if ``{name}``'s file is missing, unreadable or too short for a batch."
+    return check
 
 
 def _window_loader(name: str, defaults: Mapping[str, Any]):
@@ -188,8 +203,10 @@ def _window_loader(name: str, defaults: Mapping[str, Any]):
 
 
 text_fields = _window_fields("text", TEXT_DEFAULTS)
+text_check = _window_file_check("text", TEXT_DEFAULTS)
 text_loader = _window_loader("text", TEXT_DEFAULTS)
 tokens_fields = _window_fields("tokens", TOKENS_DEFAULTS)
+tokens_check = _window_file_check("tokens", TOKENS_DEFAULTS)
 tokens_loader = _window_loader("tokens", TOKENS_DEFAULTS)
 
 

@@ -154,7 +154,7 @@ def test_a_position_past_the_end_of_an_epoch_is_refused(text_file):
 def test_missing_and_short_files(source, tmp_path):
     missing = {"path": str(tmp_path / "nope.bin")}
     for call in (
-        lambda o: SOURCES[source].fields(o, 8, 2),
+        lambda o: SOURCES[source].check(o, 8, 2),
         lambda o: SOURCES[source].factory(o, 8, 2, 0),
     ):
         with pytest.raises(SexpError) as e:
@@ -182,8 +182,11 @@ def test_token_option_errors(tmp_path):
     odd = tmp_path / "odd.bin"
     odd.write_bytes(b"\0" * 41)
     with pytest.raises(SexpError, match="not a whole number of uint16 tokens") as e:
-        SOURCES["tokens"].fields({"path": str(odd)}, 8, 2)
+        SOURCES["tokens"].check({"path": str(odd)}, 8, 2)
     assert e.value.code == "E-DATA-002"
+    # the types need no file: an evaluator may have none of the training data
+    absent = {"path": str(tmp_path / "absent.bin")}
+    assert SOURCES["tokens"].fields(absent, 8, 2)["inputs"].shape == (2, 8)
     with pytest.raises(SexpError, match="must be one of 'uint16', 'uint32', got 'int8'"):
         SOURCES["tokens"].fields({"path": str(odd), "dtype": "int8"}, 8, 2)
     with pytest.raises(SexpError, match="option :path must be a non-empty string, got 3"):

@@ -223,3 +223,36 @@ def test_a_checkpoint_of_another_run_is_one_line(workdir):
         "and other.sx defines 'otherrun'"
     )
     assert not eval_points(workdir, source="evaluate")
+
+
+def test_an_evaluator_needs_no_training_data(workdir):
+    """An evaluator on another machine has the checkpoints and its passes' data, not
+    the training set: compiling checks only the files a pass reads, when it reads them."""
+    rng = __import__("random").Random(3)
+    for name in ("train.bin", "held.bin"):
+        (workdir / name).write_bytes(bytes(rng.randrange(32) for _ in range(4096)))
+    text = (workdir / "eval.sx").read_text()
+    text = text.replace(
+        "(defdata train (arithmetic :digits 3) :seq 32 :batch 16)",
+        '(defdata train (text :path "train.bin") :seq 32 :batch 16)\n'
+        '(defdata held (text :path "held.bin") :seq 32 :batch 16)',
+    ).replace(":every 2 :batches batches", ":every 2 :data held :batches batches")
+    (workdir / "eval.sx").write_text(text.replace(":model (net 32 8)", ":model (net 256 8)"))
+    train(workdir)
+    (workdir / "train.bin").unlink()
+    result = evaluate(workdir, "ck/step-00000004", "--pass", "probe")
+    assert result.returncode == 0, result.stderr
+    assert (
+        eval_points(workdir, source="evaluate")[(4, "probe/loss")]
+        == eval_points(workdir, source=None)[(4, "probe/loss")]
+    )
+    # the run itself still checks every file before its first step, with the place
+    run = run_sexpgpu(*RUN, "--resume", "latest", cwd=workdir)
+    assert run.returncode != 0 and "E-DATA-001" in one_line(run.stderr)
+    assert one_line(run.stderr).startswith("eval.sx:")
+    # the pass's own data is read, and its absence is one line
+    (workdir / "held.bin").unlink()
+    result = evaluate(workdir, "ck/step-00000004", "--pass", "probe")
+    assert result.returncode != 0
+    line = one_line(result.stderr)
+    assert line.startswith("eval.sx:") and "E-DATA-001" in line and "held.bin" in line, line

@@ -47,11 +47,14 @@ def compile_file(
     sets: Mapping[str, str] | None = None,
     variant: str | None = None,
     steps: int | None = None,
+    check_files: bool = True,
 ) -> Program:
     """Compile the `.sx` file at ``path`` (as the user named it) into a checked program.
 
     ``sets`` are ``--set name=value`` pairs typed by each knob's default,
     ``variant`` a ``defvariant`` to apply, ``steps`` sets the knob ``steps``.
+    ``check_files`` checks every ``defdata``'s files (``False``: only what its
+    types need, for an evaluator that reads only its passes' data).
     Raises :class:`SourceError` for mistakes in the sources and
     :class:`sexpgpu.errors.UsageError` for mistakes in these arguments.
     """
@@ -64,7 +67,9 @@ def compile_file(
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise SourceError(f"cannot read {path}: {reason}") from None
-    return _compile(text, data, path, os.path.realpath(path), catalog, sets, variant, steps)
+    return _compile(
+        text, data, path, os.path.realpath(path), catalog, sets, variant, steps, check_files
+    )
 
 
 def compile_text(
@@ -77,7 +82,7 @@ def compile_text(
     steps: int | None = None,
 ) -> Program:
     """Compile ``text`` as if it were the file ``name`` (includes resolve from its folder)."""
-    return _compile(text, text.encode("utf-8"), name, None, catalog, sets, variant, steps)
+    return _compile(text, text.encode("utf-8"), name, None, catalog, sets, variant, steps, True)
 
 
 def _compile(
@@ -89,6 +94,7 @@ def _compile(
     sets: Mapping[str, str] | None,
     variant: str | None,
     steps: int | None,
+    check_files: bool,
 ) -> Program:
     from sexpgpu.lang.definitions import CORE_NAME, SourceText
     from sexpgpu.lang.pipeline import compile_program
@@ -98,7 +104,9 @@ def _compile(
     main = SourceText(text, data, file, os.path.basename(file), resolved)
 
     def compile_all() -> Program:
-        return compile_program(core, main, catalog, dict(sets or {}), variant, steps)
+        return compile_program(
+            core, main, catalog, dict(sets or {}), variant, steps, check_files=check_files
+        )
 
     try:
         return _with_deep_stack(compile_all)

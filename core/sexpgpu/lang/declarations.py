@@ -26,10 +26,18 @@ class Declarations:
     """Declarations read against ``catalog``, their values known by ``statics``;
     each ``defdata`` of ``datas`` is declared once, however often it is named."""
 
-    def __init__(self, datas: Mapping[str, SList], statics: Statics, catalog: Catalog) -> None:
+    def __init__(
+        self,
+        datas: Mapping[str, SList],
+        statics: Statics,
+        catalog: Catalog,
+        *,
+        check_files: bool = True,
+    ) -> None:
         self._datas = datas
         self.statics = statics
         self.catalog = catalog
+        self._check_files = check_files
         self._data_decls: dict[str, g.DataDecl] = {}
 
     def _descriptor(self, hook: str, what: str, name: str, pos: Pos) -> Any:
@@ -95,6 +103,8 @@ class Declarations:
         batch = self.statics.int_of(opts["batch"], {}, ":batch", 1)
         try:
             fields = dict(info.fields(options, seq, batch))
+            if self._check_files and info.check is not None:
+                info.check(options, seq, batch)
         except SexpError as exc:
             # keep the source's stable code (E-DATA-00x): the line names it for docs/errors.md
             raise SourceError(exc.message, code=exc.code, pos=exc.pos or src.pos) from None

@@ -39,13 +39,16 @@ def compile_program(
     sets: Mapping[str, str],
     variant: str | None,
     steps: int | None,
+    *,
+    check_files: bool = True,
 ) -> g.Program:
-    """Run every pass on the prelude ``core`` and the file ``main``, against ``catalog``."""
+    """Run every pass on the prelude ``core`` and the file ``main``, against ``catalog``
+    (``check_files``: see :func:`sexpgpu.lang.compile_file`)."""
     defs = collect(core, main)
     knobs = settle_knobs(defs, sets, variant, steps)
     run = read_defrun(defs)
     model = elaborate(defs, knobs, run, catalog)
-    plan = plan_run(defs, knobs, run, catalog)
+    plan = plan_run(defs, knobs, run, catalog, check_files=check_files)
     graphs = build_graphs(plan, model, knobs, catalog)
     return assemble(defs, knobs, variant, model, plan.settings, graphs)
 

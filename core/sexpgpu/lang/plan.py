@@ -67,10 +67,13 @@ class RunPlan:
     items: Iterator[StagePlan | EvalPlan]
 
 
-def plan_run(defs: Definitions, knobs: Knobs, run: RunForm, catalog: Catalog) -> RunPlan:
+def plan_run(
+    defs: Definitions, knobs: Knobs, run: RunForm, catalog: Catalog, *, check_files: bool = True
+) -> RunPlan:
     """Plan the run ``run``: its settings and the run's optimizer now, its stages and
-    evals as :attr:`RunPlan.items` is read; data and optimizers are looked up in ``catalog``."""
-    decls = Declarations(defs.datas, Statics(knobs.values), catalog)
+    evals as :attr:`RunPlan.items` is read; data and optimizers are looked up in ``catalog``
+    (``check_files``: whether each data source's files are checked)."""
+    decls = Declarations(defs.datas, Statics(knobs.values), catalog, check_files=check_files)
     settings = run_settings(run, decls.statics)
     opts = run.opts
     base = decls.optimizer_decl(opts["optimizer"], None) if "optimizer" in opts else None
