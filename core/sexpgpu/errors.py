@@ -26,6 +26,9 @@ class SexpError(Exception):
     """
 
     exit_code = 1
+    step: int | None = None
+    """The run's step it belongs to, where that is not the step in progress (a
+    checkpoint written in the background names its own step)."""
 
     def __init__(self, message: str, *, code: str | None = None, pos: Pos | None = None):
         self.message = message

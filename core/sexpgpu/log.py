@@ -49,11 +49,10 @@ class _Stderr:
         return sys.stderr.isatty()
 
 
-_DEFAULTS: dict[str, Any] = {"level": "info", "fmt": "auto", "stream": None}
-# what the next line logged sets structlog up with: structlog (and the rich it
-# imports) costs a command that logs nothing about 0.1 s, so it waits for a line
+# structlog (and the rich it imports) costs a command that logs nothing ~0.1 s: it is
+# set up at the first line logged, as last configured (after a reset: the defaults)
 _pending: dict[str, Any] | None = None
-_applied: dict[str, Any] = dict(_DEFAULTS)
+_applied: dict[str, Any] = {}
 
 
 def configure(level: str = "info", fmt: str = "auto", stream: Any = None) -> None:
@@ -61,18 +60,15 @@ def configure(level: str = "info", fmt: str = "auto", stream: Any = None) -> Non
     (console on a terminal, JSON otherwise); without ``stream`` lines go to the
     current ``sys.stderr``. Takes effect at the next line logged."""
     global _pending, _configured
-    _pending = {"level": level, "fmt": fmt, "stream": stream}
-    _configured = False
+    _pending, _configured = {"level": level, "fmt": fmt, "stream": stream}, False
 
 
 def show_from(level: str) -> None:
     """Show only lines at ``level`` or above from now on, written as configured."""
-    global _pending, _configured
-    _pending = {**(_pending or _applied), "level": level}
-    _configured = False
+    configure(**{**(_pending or _applied), "level": level})
 
 
-def _apply(level: str, fmt: str, stream: Any) -> None:
+def _apply(level: str = "info", fmt: str = "auto", stream: Any = None) -> None:
     import structlog
 
     global _configured, _applied
@@ -94,9 +90,7 @@ def _apply(level: str, fmt: str, stream: Any) -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(
-            logging.getLevelNamesMapping().get(level.upper(), logging.INFO)
-            if hasattr(logging, "getLevelNamesMapping")
-            else getattr(logging, level.upper(), logging.INFO)
+            getattr(logging, level.upper(), logging.INFO)
         ),
         logger_factory=structlog.PrintLoggerFactory(file=stream),
         cache_logger_on_first_use=False,
@@ -110,7 +104,6 @@ def get_logger(name: str = "sexpgpu", **context: Any) -> Any:
 
     global _pending
     if not _configured:
-        # set up as last configured, or (after a reset) with the defaults
-        _apply(**(_pending or _DEFAULTS))
+        _apply(**(_pending or {}))
         _pending = None
     return structlog.get_logger(name, **context)

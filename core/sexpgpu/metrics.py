@@ -134,6 +134,7 @@ class _SinkWorker:
         self.in_flight = 0
         self.delivered = 0
         self.failures = 0
+        self.last_error: str | None = None
         self.wake = threading.Event()
         self.stopping = threading.Event()  # close() was called: stop lingering
         self.abandon = threading.Event()  # close() gave up: stop retrying
@@ -183,6 +184,7 @@ class _SinkWorker:
                 self.sink.write(batch)
             except Exception as exc:  # a sink must never take the run down
                 self.failures += 1
+                self.last_error = _error_line(exc)
                 # Log the first failure of a batch and then every tenth, so a
                 # sink that is down for an hour does not flood the log.
                 if attempt == 1 or attempt % 10 == 0:
@@ -191,7 +193,7 @@ class _SinkWorker:
                         events=len(batch),
                         attempt=attempt,
                         retry_in=round(delay, 3),
-                        error=_error_line(exc),
+                        error=self.last_error,
                     )
                 if self.abandon.wait(delay):
                     return False
@@ -239,6 +241,8 @@ class MetricsStream:
         ]
         self.undelivered_by_sink: dict[str, int] = {}
         """After :meth:`close`: each sink's label and how many events it did not get."""
+        self.errors_by_sink: dict[str, str] = {}
+        """After :meth:`close`: each sink short of events, and its last write's error."""
 
     # -- producing
 
@@ -341,6 +345,8 @@ class MetricsStream:
             worker.wake.set()
             count = worker.undelivered()
             self.undelivered_by_sink[worker.label] = count
+            if count and worker.last_error:
+                self.errors_by_sink[worker.label] = worker.last_error
             missing = max(missing, count)
             # A thread backing off or waiting ends at once now; one inside
             # write() gets a short grace, then is left alone: closing the sink

@@ -221,11 +221,16 @@ class Outputs:
             # A metrics folder that filled up or went away mid-run: said at the end too.
             summary["undelivered_events"] = undelivered
             summary["undelivered_by_sink"] = dict(self.metrics.undelivered_by_sink)
+            summary["metrics_errors"] = dict(self.metrics.errors_by_sink)
+        if self.status.unwritten is not None:
+            summary["status_unwritten"] = self.status.unwritten
         return summary
 
 
 class _Unwritten:
     """The status file of a rank that does not write one (every rank but 0)."""
+
+    unwritten = None
 
     def update(self, **fields: object) -> bool:
         """Nothing to write."""

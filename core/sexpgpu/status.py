@@ -52,7 +52,8 @@ class StatusFile:
             "updated": None,
         }
         self._last_write = float("-inf")
-        self._warned = False
+        self.unwritten: str | None = None
+        """Why the last write failed (a full disk); ``None`` once one succeeds."""
         # Re-entrant: update() and progress() hold it around _write().
         self._lock = threading.RLock()
 
@@ -117,7 +118,7 @@ class StatusFile:
                 tmp.unlink(missing_ok=True)
             except OSError:
                 pass
-            if not self._warned:
+            if self.unwritten is None:
                 from sexpgpu.log import get_logger
 
                 get_logger("sexpgpu.status").warning(
@@ -125,10 +126,10 @@ class StatusFile:
                     path=str(self.path),
                     error=exc.strerror or str(exc),
                 )
-                self._warned = True
+            self.unwritten = exc.strerror or str(exc)
             return False
         self._last_write = time.monotonic()
-        self._warned = False
+        self.unwritten = None
         return True
 
 

@@ -255,12 +255,10 @@ class Run:
             return RunOutcome(0, None, self.step)
         except SexpError as error:
             self._report_unreported(failing=True)
-            line = error.render()
-            # An error in a step is named by that step; a checkpoint write that
-            # failed names its own step.
-            if not isinstance(error, (CheckpointError, StorageError)):
-                line = f"step {self.step + 1}: {line}"
-            return self._failed(line)
+            # An error in a step is named by that step; a checkpoint that could not
+            # be taken or written, by its own step.
+            own = self.step if isinstance(error, (CheckpointError, StorageError)) else None
+            return self._failed(f"step {error.step or own or self.step + 1}: {error.render()}")
         except Exception as error:  # a bug or an op failing at run time: one line, traceback kept
             self._report_unreported(failing=True)
             self.reporter.close()

@@ -87,3 +87,32 @@ def test_a_removed_events_file_is_opened_again(workdir):
     lines = (run_dir / "events.jsonl").read_text().splitlines()
     assert json.loads(lines[-1])["text"].startswith("interrupted by SIGTERM")
     assert "the metrics file was removed or replaced; opening it again" in err
+
+
+@pytest.mark.parametrize("trouble", [swap_for_dev_full, folder_taken_away])
+def test_a_run_that_finishes_says_what_its_metrics_folder_lost(workdir, trouble):
+    """The run goes on and exits 0 (the reports are lost, not the run), and its closing
+    summary says so: how many events, each sink's error, and a status file not written."""
+    proc = start_sexpgpu(*RUN[:3], "400", *RUN[4:], cwd=workdir)
+    try:
+        wait_for_step(workdir / "m", 3, proc)
+        (run_dir,) = experiments(workdir / "m")
+        reason = trouble(run_dir)
+        out, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    logged = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
+    (summary,) = [r for r in logged if r["event"] == "run finished"]
+    assert summary["undelivered_events"] >= 1
+    assert reason in summary["metrics_errors"]["0:jsonl"]
+    if trouble is folder_taken_away:  # the status file went with the folder
+        assert (
+            reason in summary["status_unwritten"]
+            or "Not a directory" in summary["status_unwritten"]
+        )
+    else:
+        assert "status_unwritten" not in summary
+        assert json.loads((run_dir / "status.json").read_text())["state"] == "finished"

@@ -5,8 +5,12 @@ checkpoint is intact and resumable."""
 from __future__ import annotations
 
 import re
+import resource
+import subprocess
+from pathlib import Path
 
 from tests.e2e.helpers import (
+    SEXPGPU,
     assert_same_tensors,
     experiments,
     run_sexpgpu,
@@ -18,6 +22,7 @@ from tests.e2e.helpers import (
 from .kit import FLAKY_SX, TEXT_SX, assert_failed_run, error_line, flaky_plugin, losses
 
 RUN = ["--checkpoint-dir", "ckpt", "--metrics-dir", "m"]
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def _traceback_line(step: int, what: str) -> re.Pattern[str]:
@@ -150,3 +155,37 @@ def test_a_metrics_folder_that_cannot_be_made_is_one_line(tmp_path):
     line = error_line(run_sexpgpu("run", "text.sx", *RUN, cwd=tmp_path))
     assert line.startswith("sexpgpu run: cannot use m as the metrics folder: "), line
     assert step_dirs(tmp_path / "ckpt") == []
+
+
+def _file_size_cap(limit: int):
+    """For ``preexec_fn``: no file the process writes may grow past ``limit`` bytes, as
+    a disk that fills does (a write fails with EFBIG; Python ignores SIGXFSZ)."""
+
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    return cap
+
+
+def test_a_checkpoint_the_disk_cannot_hold_fails_the_run_naming_its_step(tmp_path):
+    # 64 KiB holds the metrics and the status file, not tiny-lm's 111 KB of parameters:
+    # the first checkpoint, at step 2, cannot be written.
+    args = ["run", EXAMPLES / "tiny-lm.sx", "--steps", "6", "--set", "checkpoint-every=2", *RUN]
+    result = subprocess.run(
+        [*SEXPGPU, *map(str, args)],
+        cwd=tmp_path,
+        env=sexpgpu_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=_file_size_cap(64 * 1024),
+    )
+    line = error_line(result)
+    assert re.match(
+        r"^sexpgpu run: step 2: E-STORAGE-005: cannot write ckpt/step-00000002/\w+\.safetensors"
+        r": File too large$",
+        line,
+    ), line
+    assert_failed_run(tmp_path / "m", line)
+    # nothing was committed: experiment.json, written last, is not there
+    assert not list((tmp_path / "ckpt").glob("step-*/experiment.json"))

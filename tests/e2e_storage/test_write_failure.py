@@ -50,11 +50,12 @@ def test_a_checkpoint_write_that_fails_for_good_fails_the_run(s3: Bucket, workdi
 
     assert proc.returncode == 1, err
     (line,) = said(err)
-    assert line.startswith("sexpgpu run: E-STORAGE-005: "), line
-    assert uri in line
     good = s3.complete_steps(prefix)[-1]
     failed_at = int(good[5:]) + 1
     assert failed_at < STEPS
+    # the checkpoint that could not be written names its step, as a failed step does
+    assert line.startswith(f"sexpgpu run: step {failed_at}: E-STORAGE-005: "), line
+    assert uri in line
     (run_dir,) = experiments(workdir / "m")
     st = status(run_dir)
     assert st["state"] == "failed"

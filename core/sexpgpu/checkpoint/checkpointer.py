@@ -138,14 +138,15 @@ class Checkpointer:
         self._pending = None
         try:
             pending.result()
-        except SexpError:
+        except SexpError as error:
             self._written_step = None
+            error.step = step
             raise
         except Exception as error:
             self._written_step = None
-            raise CheckpointError(
-                f"writing the checkpoint of step {step} failed: {error}"
-            ) from error
+            failed = CheckpointError(f"writing the checkpoint of step {step} failed: {error}")
+            failed.step = step
+            raise failed from error
 
     def close(self) -> None:
         """Wait for the write in flight (errors ignored: :meth:`wait` reports them) and
