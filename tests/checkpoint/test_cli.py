@@ -68,6 +68,7 @@ def test_the_console_layout(storage, location):
         "  model.embed/v  F32  [32, 8]\n"
         "  model.head/m   F32  [8, 32]\n"
         "  model.head/v   F32  [8, 32]\n"
+        "data       not verified: headers only (--verify reads every file and checks its CRC32C)\n"
     )
 
 

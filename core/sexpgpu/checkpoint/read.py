@@ -102,8 +102,13 @@ def _read_part(storage: Storage, path: str, start: int = 0, length: int | None =
     except StorageError as exc:
         if exc.code != NO_SUCH_LOCATION:
             raise
-        where = location_of(storage, path)
-        raise CheckpointError(f"{where} is missing from the checkpoint", code=E_DAMAGED) from None
+        raise missing(storage, path) from None
+
+
+def missing(storage: Storage, path: str) -> CheckpointError:
+    """The error for the checkpoint file at ``path`` that is not there (``E-CKPT-002``)."""
+    where = location_of(storage, path)
+    return CheckpointError(f"{where} is missing from the checkpoint", code=E_DAMAGED)
 
 
 def read_header(storage: Storage, key: str) -> dict[str, Any]:
