@@ -1,115 +1,24 @@
-"""The MLflow sink against a real `mlflow server` on 127.0.0.1 (a temporary sqlite
-store), read back through MLflow's REST API: a run, the server going down under
-it and coming back, the run stopped by SIGTERM and resumed into the same MLflow run.
-
-The test process never imports mlflow (its client would leave threads behind):
-`sexpgpu` subprocesses write, ``urllib`` reads.
+"""The MLflow sink against a real `mlflow server` on 127.0.0.1 (tests/mlflow/server.py),
+read back through MLflow's REST API: a run, the server going down under it and
+coming back, the run stopped by SIGTERM and resumed into the same MLflow run.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
 import time
-import urllib.parse
-import urllib.request
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from tests.e2e.helpers import EXAMPLES, events, experiments, run_sexpgpu, sexpgpu_env, start_sexpgpu
-from tests.servers import LOOPBACK, _wait_for_port, free_port
+from tests.mlflow.server import QUIET
+from tests.mlflow.server import tags as _tags
 
 SMALL = Path(__file__).parents[1] / "report" / "small.sx"
-QUIET = {
-    # nothing leaves the machine, and the server runs no background job workers
-    "MLFLOW_DISABLE_TELEMETRY": "true",
-    "DO_NOT_TRACK": "true",
-    "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
-}
-
-
-@dataclass
-class MlflowServer:
-    """`mlflow server` in its own process group, stopped and started again on one port."""
-
-    folder: Path
-    port: int
-    process: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://{LOOPBACK}:{self.port}"
-
-    def start(self) -> None:
-        argv = [
-            str(Path(sys.executable).parent / "mlflow"), "server",
-            "--backend-store-uri", f"sqlite:///{self.folder / 'mlflow.db'}",
-            "--artifacts-destination", str(self.folder / "artifacts"),
-            "--host", LOOPBACK, "--port", str(self.port), "--workers", "1",
-        ]  # fmt: skip
-        with open(self.folder / "server.log", "ab") as log:
-            self.process = subprocess.Popen(
-                argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env={**os.environ, **QUIET}, start_new_session=True,
-            )  # fmt: skip
-        _wait_for_port(self.port, self.process, "mlflow server", limit=120)
-
-    def stop(self) -> None:
-        """SIGTERM to its process group (the server and its uvicorn worker), SIGKILL after 10 s."""
-        if self.process is None:
-            return
-        for signum, grace in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
-            try:
-                os.killpg(self.process.pid, signum)
-            except ProcessLookupError:
-                break
-            try:
-                self.process.wait(timeout=grace)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        try:
-            os.killpg(self.process.pid, signal.SIGKILL)  # a worker left behind
-        except ProcessLookupError:
-            pass
-        self.process.wait()
-        self.process = None
-
-    def api(self, path: str, body: dict | None = None, **query: str) -> dict:
-        url = f"{self.url}/api/2.0/mlflow/{path}"
-        if query:
-            url += "?" + urllib.parse.urlencode(query)
-        data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(url, data, {"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return json.load(response)
-
-    def runs(self, experiment: str) -> list[dict]:
-        found = self.api("experiments/get-by-name", experiment_name=experiment)
-        ident = found["experiment"]["experiment_id"]
-        return self.api("runs/search", {"experiment_ids": [ident], "run_view_type": "ALL"}).get(
-            "runs", []
-        )
-
-    def history(self, run_id: str, key: str) -> list[dict]:
-        got = self.api("metrics/get-history", run_id=run_id, metric_key=key, max_results="100000")
-        return got.get("metrics", [])
-
-
-@pytest.fixture(scope="module")
-def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
-    server = MlflowServer(tmp_path_factory.mktemp("mlflow"), free_port())
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def _wait(what: str, check, proc: subprocess.Popen | None = None, limit: float = 120):  # type: ignore[no-untyped-def]
@@ -125,10 +34,6 @@ def _wait(what: str, check, proc: subprocess.Popen | None = None, limit: float =
             raise AssertionError(f"sexpgpu ended first: {proc.communicate()}")
         time.sleep(0.2)
     raise AssertionError(f"{what}: not within {limit} s")
-
-
-def _tags(run: dict) -> dict[str, str]:
-    return {t["key"]: t["value"] for t in run["data"].get("tags", [])}
 
 
 def _loss_steps(folder: Path) -> list[int]:
