@@ -10,6 +10,7 @@ client talks to that emulator anonymously.
 from __future__ import annotations
 
 import io
+import itertools
 import os
 import secrets
 import threading
@@ -20,6 +21,7 @@ from typing import Any
 import google.auth
 import google.auth.exceptions as gauth_exc
 from google.api_core import exceptions as gexc
+from google.api_core.retry import Retry
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import storage
 from google.cloud.storage.retry import DEFAULT_RETRY
@@ -54,6 +56,37 @@ def split_uri(uri: str) -> tuple[str, str]:
     return split_bucket_uri(uri, "gs")
 
 
+class AttemptsRetry(Retry):
+    """google-cloud-storage's ``DEFAULT_RETRY`` (what it retries, its backoff), ending
+    each request after ``attempts`` tries with a :class:`~google.api_core.exceptions.RetryError`.
+
+    api_core bounds retries by a deadline only (120 s by default, so an endpoint that
+    refuses connections took two minutes to fail); botocore by attempts, which
+    ``SEXPGPU_S3_MAX_ATTEMPTS`` sets. Counting them here makes
+    ``SEXPGPU_GCS_MAX_ATTEMPTS`` mean the same. The library wraps each request
+    (a page of a listing, a chunk of an upload) on its own, so the count is per request.
+    The settings of the Retry itself are api_core's defaults, the same as
+    ``DEFAULT_RETRY``'s, for a library version that reads them instead of calling it.
+    """
+
+    def __init__(self, attempts: int = 5, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.attempts = attempts
+
+    def __call__(self, func: Any, on_error: Any = None) -> Any:
+        """``func`` retried as ``DEFAULT_RETRY`` retries it, at most ``attempts`` times."""
+        failures = itertools.count(1)
+
+        def give_up(exc: Exception) -> None:
+            if on_error is not None:
+                on_error(exc)
+            if next(failures) >= self.attempts:
+                # RetryError is how api_core itself says it stopped retrying.
+                raise gexc.RetryError(f"after {self.attempts} attempts", exc) from exc
+
+        return DEFAULT_RETRY(func, on_error=give_up)
+
+
 class GcsStorage:
     """A ``gs://bucket/prefix`` location opened with the checkpoint credentials."""
 
@@ -66,6 +99,13 @@ class GcsStorage:
         # faster, and a failed chunk is all that is sent again.
         self.chunk_size = int_setting("SEXPGPU_GCS_CHUNK_SIZE_MB", 100, 1) * MIB
         self.concurrency = int_setting("SEXPGPU_GCS_CONCURRENCY", 8, 1)
+        self.max_attempts = int_setting("SEXPGPU_GCS_MAX_ATTEMPTS", 5, 1)
+        self.retry = AttemptsRetry(self.max_attempts)
+        # (connect, read) seconds of each request, as the S3 backend's botocore Config.
+        self.timeout = (
+            int_setting("SEXPGPU_GCS_CONNECT_TIMEOUT", 10, 1),
+            int_setting("SEXPGPU_GCS_READ_TIMEOUT", 60, 1),
+        )
         self._lock = threading.Lock()
         self._client: Any = None
         self._source = "not yet resolved"
@@ -156,9 +196,16 @@ class GcsStorage:
                     code=NO_SUCH_LOCATION,
                 )
             return StorageError(f"{where} does not exist", code=NO_SUCH_LOCATION)
-        detail = " ".join(str(exc).split()) or type(exc).__name__
+        failed = "failed"
+        if isinstance(exc, gexc.RetryError):
+            # The last error is the one to tell; the count (or api_core's own deadline,
+            # "Timeout of 120.0s exceeded") is how the retries ended.
+            ours = exc.message.startswith("after ")
+            failed = f"failed {exc.message}" if ours else f"failed ({exc.message})"
+            exc = exc.cause if isinstance(exc.cause, Exception) else exc
+        detail = _detail(exc)
         return StorageError(
-            f"{doing} {where} failed: {detail[:300]} (credentials: {source})", code=code
+            f"{doing} {where} {failed}: {detail[:300]} (credentials: {source})", code=code
         )
 
     # -- Storage
@@ -175,7 +222,11 @@ class GcsStorage:
         """List the prefix, upload a small probe object and delete it."""
         try:
             iterator = self.client.list_blobs(
-                self.bucket_name, prefix=self._name("") + "/" if self.prefix else "", max_results=1
+                self.bucket_name,
+                prefix=self._name("") + "/" if self.prefix else "",
+                max_results=1,
+                retry=self.retry,
+                timeout=self.timeout,
             )
             list(iterator)
         except Exception as exc:
@@ -191,7 +242,7 @@ class GcsStorage:
         names: set[str] = set()
         try:
             iterator = self.client.list_blobs(
-                self.bucket_name, prefix=full, delimiter="/", retry=DEFAULT_RETRY
+                self.bucket_name, prefix=full, delimiter="/", retry=self.retry, timeout=self.timeout
             )
             for page in iterator.pages:
                 for blob in page:
@@ -208,14 +259,14 @@ class GcsStorage:
     def exists(self, key: str) -> bool:
         """Whether an object is at ``key``."""
         try:
-            return bool(self._blob(key).exists(retry=DEFAULT_RETRY))
+            return bool(self._blob(key).exists(retry=self.retry, timeout=self.timeout))
         except Exception as exc:
             raise self._error(exc, "reading", key, READ_FAILED) from None
 
     def read(self, key: str) -> bytes:
         """The whole object."""
         try:
-            return self._blob(key).download_as_bytes(retry=DEFAULT_RETRY)
+            return self._blob(key).download_as_bytes(retry=self.retry, timeout=self.timeout)
         except Exception as exc:
             raise self._error(exc, "reading", key, READ_FAILED) from None
 
@@ -227,7 +278,7 @@ class GcsStorage:
             return b""
         try:
             return self._blob(key).download_as_bytes(
-                start=start, end=start + length - 1, retry=DEFAULT_RETRY
+                start=start, end=start + length - 1, retry=self.retry, timeout=self.timeout
             )
         except gexc.RequestRangeNotSatisfiable:
             return b""  # start at or past the end
@@ -258,7 +309,8 @@ class GcsStorage:
                 _ViewReader(view),
                 size=len(view),
                 content_type="application/octet-stream",
-                retry=DEFAULT_RETRY,
+                retry=self.retry,
+                timeout=self.timeout,
             )
         except Exception as exc:
             raise self._error(exc, "writing", key, WRITE_FAILED) from None
@@ -287,7 +339,7 @@ class GcsStorage:
     def delete(self, key: str) -> None:
         """Remove the object; a missing one is not an error."""
         try:
-            self._blob(key).delete(retry=DEFAULT_RETRY)
+            self._blob(key).delete(retry=self.retry, timeout=self.timeout)
         except gexc.NotFound:
             return
         except Exception as exc:
@@ -297,7 +349,7 @@ class GcsStorage:
         """Size and ``generation:<n>``: GCS gives each write of an object a new generation."""
         try:
             blob = self.client.bucket(self.bucket_name).get_blob(
-                self._name(key), retry=DEFAULT_RETRY
+                self._name(key), retry=self.retry, timeout=self.timeout
             )
         except Exception as exc:
             raise self._error(exc, "reading", key, READ_FAILED) from None
@@ -308,6 +360,16 @@ class GcsStorage:
         else:  # not seen from GCS itself; kept for stores that leave generations out
             version = f"md5:{blob.md5_hash}"
         return ObjectIdentity(size=int(blob.size), version=version)
+
+
+def _detail(exc: Exception) -> str:
+    """An error's text on one line. requests wraps a connection's failure in urllib3's
+    "Max retries exceeded with url: ..." (its own retries are off): the reason inside
+    it (``Connection refused``, ``Read timed out``) is what says what happened."""
+    inner = exc.args[0] if exc.args else None
+    reason = getattr(inner, "reason", None)
+    text = str(reason if isinstance(reason, Exception) else exc)
+    return " ".join(text.split()) or type(exc).__name__
 
 
 class _ViewReader(io.RawIOBase):

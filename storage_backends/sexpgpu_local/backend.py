@@ -51,6 +51,11 @@ def path_of(uri: str) -> Path:
     return Path(os.path.abspath(os.path.expanduser(raw)))
 
 
+# The code of an operation that failed on the way to its file; a permission refused
+# is ACCESS_DENIED but for a listing, which is CANNOT_LIST as in list_children.
+_FAILED = {"read": READ_FAILED, "list": CANNOT_LIST, "write": WRITE_FAILED, "delete": WRITE_FAILED}
+
+
 def _reason(exc: OSError) -> str:
     return exc.strerror or type(exc).__name__
 
@@ -64,10 +69,14 @@ class LocalStorage:
 
     # -- helpers
 
-    def _path(self, key: str) -> Path:
+    def _path(self, key: str, doing: str = "read") -> Path:
         """The path of ``key``, refusing a key that climbs out and any symbolic link
         on the way below the location (a step folder linked elsewhere would be read,
-        and written through, as if it were this run's)."""
+        and written through, as if it were this run's).
+
+        A folder on the way that cannot be searched (no permission on a ``step-<n>``)
+        is a StorageError for ``doing`` (``read``, ``list``, ``write``, ``delete``), like the
+        operation itself failing there."""
         parts = [p for p in key.split("/") if p not in ("", ".")]
         if any(p == ".." for p in parts):
             raise StorageError(
@@ -76,7 +85,15 @@ class LocalStorage:
         path = self.root
         for depth, part in enumerate(parts, 1):
             path = path / part
-            if path.is_symlink():
+            try:
+                linked = path.is_symlink()
+            except OSError as exc:  # is_symlink passes on EACCES, EIO...
+                denied = isinstance(exc, PermissionError) and doing != "list"
+                code = ACCESS_DENIED if denied else _FAILED[doing]
+                raise StorageError(
+                    f"cannot {doing} {self._where(key)}: {_reason(exc)}", code=code
+                ) from None
+            if linked:
                 raise StorageError(
                     f"{self._where('/'.join(parts[:depth]))} is a symbolic link; a checkpoint "
                     "location holds only real folders and files",
@@ -119,7 +136,7 @@ class LocalStorage:
 
     def list_children(self, prefix: str = "") -> list[str]:
         """Sorted names under ``prefix``; [] when the folder does not exist."""
-        folder = self._path(prefix)
+        folder = self._path(prefix, "list")
         try:
             names = os.listdir(folder)
         except FileNotFoundError:
@@ -231,7 +248,7 @@ class LocalStorage:
     def _write_file(self, key: str, data: bytes | memoryview) -> Path:
         """Write and fsync a temp file beside the target and rename it over; returns
         the folder, whose fsync (making the rename durable) is the caller's."""
-        target = self._path(key)
+        target = self._path(key, "write")
         if not key.strip("/"):
             raise StorageError(f"{self.uri}: cannot write an object without a name")
         temp: Path | None = None
@@ -309,7 +326,7 @@ class LocalStorage:
 
     def delete(self, key: str) -> None:
         """Remove the file, then any folders it leaves empty (as an object store would)."""
-        target = self._path(key)
+        target = self._path(key, "delete")
         try:
             target.unlink()
         except FileNotFoundError:
@@ -335,7 +352,7 @@ class LocalStorage:
     def remove_temporaries(self, prefix: str = "") -> None:
         """Remove the ``.sexpgpu-tmp-*`` files directly under ``prefix``: what writes
         cut off left (the checkpoint layer calls this once no write there is running)."""
-        folder = self._path(prefix)
+        folder = self._path(prefix, "list")
         try:
             names = os.listdir(folder)
         except OSError:

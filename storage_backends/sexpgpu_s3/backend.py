@@ -40,6 +40,11 @@ MIB = 1 << 20
 MIN_PART = 5 * MIB  # S3's smallest part but the last
 MAX_PARTS = 10_000
 
+MULTIPART_SUFFIX = ".safetensors"
+"""Objects whose name ends so (a checkpoint's tensor files) always go up as multipart
+uploads, in one part when small, as the checkpoint spec has them; others only
+when larger than the part size."""
+
 _DENIED = {"AccessDenied", "403", "Forbidden", "AllAccessDisabled", "AccountProblem"}
 _REJECTED = {
     "InvalidAccessKeyId",
@@ -304,7 +309,8 @@ class S3Storage:
             raise self._error(exc, "reading", key, READ_FAILED) from None
 
     def write(self, key: str, data: bytes | memoryview) -> None:
-        """One object: a single PUT when small, concurrent multipart parts when large."""
+        """One object: concurrent multipart parts when large or a tensor file
+        (:data:`MULTIPART_SUFFIX`), a single PUT otherwise."""
         self.write_many({key: data})
 
     def write_many(
@@ -314,8 +320,10 @@ class S3Storage:
     ) -> None:
         """Every object and every part of the large ones share one pool of uploads.
 
-        An object is visible only once its PUT or CompleteMultipartUpload succeeds,
-        so each object is all or nothing; a failed multipart upload is aborted.
+        A tensor file (``*.safetensors``) and any object larger than the part size go
+        up as a multipart upload (one part for a small tensor file); the others as a
+        single PUT. An object is visible only once its PUT or CompleteMultipartUpload
+        succeeds, so each object is all or nothing; a failed multipart upload is aborted.
         ``crc32c`` maps a key to its object's CRC32C (base64, as S3 writes it): S3
         verifies it and refuses the upload when the bytes it got differ. A multipart
         upload sends each part's CRC32C and the whole object's (``FULL_OBJECT``).
@@ -333,7 +341,7 @@ class S3Storage:
             singles: list[Future] = []
             uploads: list[tuple[str, str, list[Future]]] = []
             for key, view in views.items():
-                if self._parts_count(len(view)) == 1:
+                if not self._multipart(key, len(view)):
                     singles.append(pool.submit(self._put, key, view, crc32c.get(key)))
                     continue
                 try:
@@ -361,32 +369,43 @@ class S3Storage:
                 if future.exception() is not None:
                     failures.append(future.exception())
             for key, upload_id, parts in uploads:
-                errors = [f.exception() for f in parts if f.exception() is not None]
-                if not errors:
-                    try:
-                        self.client.complete_multipart_upload(
-                            Bucket=self.bucket,
-                            Key=self._key(key),
-                            UploadId=upload_id,
-                            MultipartUpload={"Parts": [f.result() for f in parts]},
-                            **(
-                                {"ChecksumCRC32C": crc32c[key], "ChecksumType": "FULL_OBJECT"}
-                                if key in crc32c
-                                else {}
-                            ),
-                        )
-                        continue
-                    except Exception as exc:
-                        errors.append(self._error(exc, "writing", key, WRITE_FAILED))
-                failures.append(errors[0])
-                try:  # parts of an abandoned upload are billed until aborted
-                    self.client.abort_multipart_upload(
-                        Bucket=self.bucket, Key=self._key(key), UploadId=upload_id
-                    )
-                except Exception:
-                    pass
+                error = self._complete(key, upload_id, parts, crc32c.get(key))
+                if error is not None:
+                    failures.append(error)
         if failures:
             raise failures[0]
+
+    def _complete(
+        self, key: str, upload_id: str, parts: list[Future], crc32c: str | None
+    ) -> StorageError | None:
+        """Complete the multipart upload of ``key`` once its parts are sent, or abort it
+        when a part or the completion failed; returns the first failure."""
+        errors = [f.exception() for f in parts if f.exception() is not None]
+        if not errors:
+            checksum = {"ChecksumCRC32C": crc32c, "ChecksumType": "FULL_OBJECT"} if crc32c else {}
+            try:
+                self.client.complete_multipart_upload(
+                    Bucket=self.bucket,
+                    Key=self._key(key),
+                    UploadId=upload_id,
+                    MultipartUpload={"Parts": [f.result() for f in parts]},
+                    **checksum,
+                )
+                return None
+            except Exception as exc:
+                errors.append(self._error(exc, "writing", key, WRITE_FAILED))
+        try:  # parts of an abandoned upload are billed until aborted
+            self.client.abort_multipart_upload(
+                Bucket=self.bucket, Key=self._key(key), UploadId=upload_id
+            )
+        except Exception:
+            pass
+        return errors[0]
+
+    def _multipart(self, key: str, size: int) -> bool:
+        # An empty object has no part to send: a PUT, whatever its name.
+        tensors = key.endswith(MULTIPART_SUFFIX) and size > 0
+        return tensors or self._parts_count(size) > 1
 
     def _part_size(self, size: int) -> int:
         return max(self.part_size, math.ceil(size / MAX_PARTS))

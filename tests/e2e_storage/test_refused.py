@@ -1,8 +1,10 @@
 """A location a run cannot use stops it before its first step, in one line with its code,
-and leaves nothing under the prefix: missing credentials, access denied, no bucket."""
+and leaves nothing under the prefix: missing credentials, access denied, no bucket, an
+endpoint that refuses connections or never answers."""
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import pytest
@@ -71,6 +73,55 @@ def test_an_endpoint_that_does_not_answer(s3: Bucket, workdir: Path):
     done = run_sexpgpu(*RUN, "--checkpoint-dir", s3.uri(prefix), cwd=workdir, env=env)
     line = assert_refused_before_step_one(done, workdir, "E-STORAGE-004")
     assert f"listing {s3.uri(prefix)} failed after 2 attempts" in line
+
+
+# A GCS endpoint nothing answers on. The timeout only guards against a hang: the
+# library's own retry deadline is 120 s for each listing, the run's default 5 attempts
+# a few seconds.
+GCS_HANG_GUARD = 60
+
+
+def test_a_gcs_endpoint_refusing_connections_fails_with_the_default_attempts(
+    workdir: Path, tmp_path: Path
+):
+    closed = f"http://127.0.0.1:{free_port()}"
+    bucket = Bucket("gs", "sx-e2e-unreachable", closed, tmp_path)
+    done = run_sexpgpu(
+        *RUN,
+        "--checkpoint-dir",
+        bucket.uri("run"),
+        cwd=workdir,
+        env=bucket.env(),
+        timeout=GCS_HANG_GUARD,
+    )
+    line = assert_refused_before_step_one(done, workdir, "E-STORAGE-004")
+    assert f"listing {bucket.uri('run')} failed after 5 attempts: " in line
+    assert "Connection refused" in line
+
+
+def test_a_gcs_endpoint_that_never_answers_times_out(workdir: Path, tmp_path: Path):
+    # A socket that listens and is never read: the kernel accepts each connection,
+    # nobody answers the request, so only the read timeout ends each attempt.
+    silent = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(16)
+        endpoint = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        bucket = Bucket("gs", "sx-e2e-silent", endpoint, tmp_path)
+        env = bucket.env(SEXPGPU_GCS_MAX_ATTEMPTS="2", SEXPGPU_GCS_READ_TIMEOUT="1")
+        done = run_sexpgpu(
+            *RUN,
+            "--checkpoint-dir",
+            bucket.uri("run"),
+            cwd=workdir,
+            env=env,
+            timeout=GCS_HANG_GUARD,
+        )
+    finally:
+        silent.close()
+    line = assert_refused_before_step_one(done, workdir, "E-STORAGE-004")
+    assert f"listing {bucket.uri('run')} failed after 2 attempts: " in line
+    assert "Read timed out. (read timeout=1)" in line
 
 
 # ------------------------------------------------------------ IAM enforced by moto

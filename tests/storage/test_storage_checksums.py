@@ -46,6 +46,24 @@ def test_s3_sends_the_crc32c_of_every_object_and_part(s3_env, s3_bucket):
         assert _crc(LARGE[start : start + part]) in checksums
 
 
+def test_s3_sends_the_crc32c_of_a_small_tensor_file_with_its_one_part(s3_env, s3_bucket):
+    storage = open_location(f"s3://{s3_bucket}/{unique_prefix()}")
+    sent: list[tuple[str, str | None]] = []
+    storage.client.meta.events.register(
+        "before-parameter-build.s3.*",
+        lambda model, params, **_: sent.append((model.name, params.get("ChecksumCRC32C"))),
+    )
+    key = "step-00000001/params.safetensors"
+    storage.write_many({key: SMALL}, crc32c={key: _crc(SMALL)})
+    assert storage.read(key) == SMALL
+    assert [name for name, _ in sent][:3] == [
+        "CreateMultipartUpload",
+        "UploadPart",
+        "CompleteMultipartUpload",
+    ]
+    assert sent[1][1] == sent[2][1] == _crc(SMALL)  # the part's, then the whole object's
+
+
 def test_s3_without_checksums_uploads_as_before(s3_env, s3_bucket):
     storage = open_location(f"s3://{s3_bucket}/{unique_prefix()}")
     storage.write_many({"large": LARGE, "small": SMALL})

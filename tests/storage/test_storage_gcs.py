@@ -11,7 +11,7 @@ import pytest
 
 from sexpgpu.errors import StorageError
 from sexpgpu_gcs.backend import GcsStorage
-from tests.servers import CountingProxy, point_gcs_at, unique_prefix
+from tests.servers import CountingProxy, free_port, point_gcs_at, unique_prefix
 
 
 def test_resumable_upload_of_a_large_object(gcs_env, gcs_bucket, monkeypatch):
@@ -76,6 +76,37 @@ def test_checkpoint_key_file_that_is_not_there(monkeypatch, tmp_path):
         GcsStorage("gs://bucket/run").list_children()
     assert info.value.code == "E-STORAGE-001"
     assert f"the key file {tmp_path / 'ckpt.json'}" in str(info.value)
+
+
+def test_unreachable_endpoint_fails_after_the_attempts_set(monkeypatch):
+    point_gcs_at(monkeypatch, f"http://127.0.0.1:{free_port()}")
+    monkeypatch.setenv("SEXPGPU_GCS_MAX_ATTEMPTS", "2")
+    store = GcsStorage("gs://bucket/run")
+    for call, code, doing in (
+        (store.list_children, "E-STORAGE-004", "listing gs://bucket/run"),
+        (lambda: store.write("x", b"1"), "E-STORAGE-005", "writing gs://bucket/run/x"),
+        (lambda: store.read("x"), "E-STORAGE-006", "reading gs://bucket/run/x"),
+    ):
+        with pytest.raises(StorageError) as info:
+            call()
+        text = str(info.value)
+        assert info.value.code == code
+        assert text.startswith(f"{code}: {doing} failed after 2 attempts: "), text
+        assert "Connection refused" in text and "\n" not in text
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "said"),
+    [
+        ("SEXPGPU_GCS_MAX_ATTEMPTS", "0", "SEXPGPU_GCS_MAX_ATTEMPTS must be at least 1, not 0"),
+        ("SEXPGPU_GCS_CONNECT_TIMEOUT", "soon", "SEXPGPU_GCS_CONNECT_TIMEOUT must be an integer"),
+        ("SEXPGPU_GCS_READ_TIMEOUT", "0", "SEXPGPU_GCS_READ_TIMEOUT must be at least 1, not 0"),
+    ],
+)
+def test_bad_retry_and_timeout_settings_are_one_line_errors(monkeypatch, name, value, said):
+    monkeypatch.setenv(name, value)
+    with pytest.raises(StorageError, match=said):
+        GcsStorage("gs://bucket/run")
 
 
 def test_emulator_endpoint_is_described(gcs_env):

@@ -79,6 +79,41 @@ def test_an_unreadable_folder_cannot_be_listed(tmp_path):
     assert child.stdout.strip() == "E-STORAGE-004"
 
 
+def test_every_call_below_a_folder_that_cannot_be_searched_is_a_storage_error(tmp_path):
+    # A step folder without permissions, under a location that lists: each call on a
+    # file in it says what it could not do, with a code, never an OSError.
+    store = LocalStorage(str(tmp_path / "run"))
+    store.write("step-00000001/experiment.json", b"{}")
+    (tmp_path / "run" / "step-00000001").chmod(0)
+    try:
+        child = _without_file_capabilities(
+            "from sexpgpu.errors import StorageError\n"
+            "from sexpgpu_local.backend import LocalStorage\n"
+            f"store = LocalStorage({str(tmp_path / 'run')!r})\n"
+            "print(store.list_children())\n"
+            "key = 'step-00000001/experiment.json'\n"
+            "for call in (store.exists, store.read, store.identity, store.delete,\n"
+            "             lambda k: store.write(k, b'{}'),\n"
+            "             lambda k: store.list_children('step-00000001/x')):\n"
+            "    try:\n"
+            "        call(key)\n"
+            "    except StorageError as exc:\n"
+            "        print(exc)\n"
+        )
+    finally:
+        (tmp_path / "run" / "step-00000001").chmod(0o755)
+    assert child.returncode == 0, child.stderr
+    where = f"{tmp_path / 'run'}/step-00000001"
+    assert child.stdout.splitlines() == [
+        "['step-00000001']",
+        *[f"E-STORAGE-002: cannot read {where}/experiment.json: Permission denied"] * 3,
+        f"E-STORAGE-002: cannot delete {where}/experiment.json: Permission denied",
+        f"E-STORAGE-002: cannot write {where}/experiment.json: Permission denied",
+        f"E-STORAGE-004: cannot list {where}/x: Permission denied",
+    ]
+    assert store.read("step-00000001/experiment.json") == b"{}"
+
+
 def test_a_failed_write_keeps_the_old_bytes(tmp_path):
     store = LocalStorage(str(tmp_path / "run"))
     store.write("state.json", b"old")

@@ -14,7 +14,7 @@ from sexpgpu.checkpoint.keys import (
     location_of,
     parse_step_key,
 )
-from sexpgpu.errors import CheckpointError, StorageError, UsageError
+from sexpgpu.errors import CheckpointError, SexpError, StorageError, UsageError
 
 if TYPE_CHECKING:
     from sexpgpu.extension import Opener, Storage
@@ -105,12 +105,40 @@ def resolve_resume(
                 "(--checkpoint-dir or SEXPGPU_CHECKPOINT_DIR)",
                 code=E_RESUME_LATEST,
             )
-        storage = open_location(checkpoint_dir)
-        key = find_latest(storage)
-        return None if key is None else (storage, key)
+        return _resume_latest(open_location(checkpoint_dir))
     storage, key = open_checkpoint(value, open_location)
     require_complete(storage, key)
     return storage, key
+
+
+def _resume_latest(storage: Storage) -> tuple[Storage, str] | None:
+    """:func:`find_latest` for ``--resume latest``: a step folder on the way that
+    cannot be read (its permissions) leaves the latest step unknown, so its error
+    names the complete checkpoint before it, as for a damaged one; never a silent
+    resume from an older step."""
+    for _, name in reversed(steps_of(storage)):
+        try:
+            complete = storage.exists(file_key(name, EXPERIMENT_FILE))
+        except StorageError as error:
+            raise latest_damaged(storage, name, error) from None
+        if complete:
+            return storage, name
+    return None
+
+
+def latest_damaged(storage: Storage, key: str, error: SexpError) -> SexpError:
+    """``error`` (the latest checkpoint ``key`` cannot be read) as ``--resume latest``
+    says it: the same class and code, naming the complete checkpoint before it that
+    the user may pass to ``--resume``; never a silent fall-back to it."""
+    before = complete_before(storage, key)
+    if before is None:
+        hint = "there is no complete checkpoint before it (move it aside to start afresh)"
+    else:
+        hint = f"to resume from the one before it, pass --resume {location_of(storage, before)}"
+    return type(error)(
+        f"{error.message}; --resume latest never falls back to an older checkpoint: {hint}",
+        code=error.code,
+    )
 
 
 def require_complete(storage: Storage, key: str) -> None:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from sexpgpu.checkpoint.keys import E_CHANGED
 from sexpgpu.checkpoint.records import jsonable, shape_text, value_text
-from sexpgpu.errors import CheckpointError, SexpError, StorageError
+from sexpgpu.errors import CheckpointError, StorageError
 
 if TYPE_CHECKING:
     from sexpgpu.checkpoint.read import Loaded
@@ -166,6 +166,7 @@ def load_for_resume(storage: Storage, key: str, program: Program, *, latest: boo
     read is refused with its error, which then also names the complete checkpoint
     before it that the user may pass to ``--resume``: never a silent fall-back.
     """
+    from sexpgpu.checkpoint.find import latest_damaged
     from sexpgpu.checkpoint.keys import STATE_FILE, file_key, location_of
     from sexpgpu.checkpoint.read import load_checkpoint
 
@@ -174,25 +175,9 @@ def load_for_resume(storage: Storage, key: str, program: Program, *, latest: boo
     except (CheckpointError, StorageError) as error:
         if not latest or error.code == E_CHANGED:
             raise
-        raise _latest_damaged(storage, key, error) from None
+        raise latest_damaged(storage, key, error) from None
     check_position(loaded.state, program, location_of(storage, file_key(key, STATE_FILE)))
     return loaded
-
-
-def _latest_damaged(storage: Storage, key: str, error: SexpError) -> SexpError:
-    from sexpgpu.checkpoint.find import complete_before
-    from sexpgpu.checkpoint.keys import location_of
-
-    before = complete_before(storage, key)
-    if before is None:
-        hint = "there is no complete checkpoint before it (move it aside to start afresh)"
-    else:
-        hint = f"to resume from the one before it, pass --resume {location_of(storage, before)}"
-    # Same class and code, so the cause stays what it is; the line says what to do.
-    return type(error)(
-        f"{error.message}; --resume latest never falls back to an older checkpoint: {hint}",
-        code=error.code,
-    )
 
 
 E_LOAD_CHANGED = "E-LOAD-001"
