@@ -44,6 +44,7 @@ PUBLIC_API: Mapping[str, tuple[str, ...] | None] = {
         "parse_step_key",
         "read_experiment",
     ),
+    "sexpgpu.checkpoint.evaluated": None,
     # a storage backend
     "sexpgpu.checkpoint.storage": None,
     # a command: the catalog the CLI hands it, the one way to open work, its metrics

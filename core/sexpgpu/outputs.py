@@ -150,6 +150,7 @@ class Outputs:
                 metrics=metrics,
                 status=status,
                 keep_last=keep,
+                passes=[(p.name, p.every) for p in run.program.evals],
                 resumed_from=resumed_from,
                 # a checkpoint owing passes is written again once they have run
                 written_step=run.step if session.checkpoint and not run.evals_pending else None,

@@ -1,31 +1,34 @@
 """Evaluating checkpoints and reporting their numbers: one checkpoint, or every new
 one of a run as it is written (``--follow``), with ``evaluated.json``.
 
-``evaluated.json`` sits beside the ``step-<n>`` folders: each pass's evaluated
-steps, ``{"eval": [250, 500], "probe": [50, 100]}``. It is rewritten whole (one
-object write) after each pass, once that pass's points have reached every
-metrics sink, so a step it lists has been delivered; a follower killed between
-the two evaluates that step again.
+``evaluated.json`` (:mod:`sexpgpu.checkpoint.evaluated`) sits beside the
+``step-<n>`` folders: each pass's evaluated steps. A follower writes it as it
+starts, which tells the run's retention to keep what it has not evaluated, within
+a bound; it is rewritten whole (one object write) after each pass, once that
+pass's points have reached every metrics sink, so a step it lists has been
+delivered; a follower killed between the two evaluates that step again. A due
+step deleted before the follower read it (past the bound) is reported, each one.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sexpgpu.checkpoint import EXPERIMENT_FILE, location_of, parse_step_key
-from sexpgpu.checkpoint.storage import NO_SUCH_LOCATION
-from sexpgpu.errors import CheckpointError, RunError, StorageError
+from sexpgpu.checkpoint import EXPERIMENT_FILE, location_of, parse_step_key, read_experiment
+from sexpgpu.checkpoint.evaluated import (
+    EVALUATED_FILE,
+    due_passes,
+    read_evaluated,
+    write_evaluated,
+)
+from sexpgpu.errors import CheckpointError, RunError
 from sexpgpu.extension import Evaluator, Storage
 from sexpgpu.log import get_logger
 from sexpgpu.session import CheckpointOpener, Opened, open_loader
 
-EVALUATED_FILE = "evaluated.json"
-E_EVALUATED = "E-EVAL-003"
-"""An ``evaluated.json`` that is not what a follower writes."""
 E_UNDELIVERED = "E-EVAL-004"
 """A pass's points that did not reach every sink: the step is not marked evaluated."""
 SOURCE = "evaluate"
@@ -81,53 +84,6 @@ class Reporting:
         return sum(stream.close(timeout=self.wait_seconds) for stream in self.streams.values())
 
 
-def read_evaluated(storage: Storage) -> dict[str, list[int]]:
-    """``evaluated.json`` under the location, ``{}`` when there is none; one that is
-    not a pass -> steps object is an error, never a silent start from nothing."""
-    where = location_of(storage, EVALUATED_FILE)
-    try:
-        data = storage.read(EVALUATED_FILE)
-    except StorageError as error:
-        if error.code == NO_SUCH_LOCATION:
-            return {}
-        raise
-    try:
-        record = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as error:
-        raise CheckpointError(
-            _corrupt(where, f"it is not JSON ({error})"), code=E_EVALUATED
-        ) from None
-    except RecursionError:
-        raise CheckpointError(_corrupt(where, "it is nested too deep"), code=E_EVALUATED) from None
-    if not isinstance(record, dict) or not all(
-        isinstance(steps, list) and all(_is_step(s) for s in steps) for steps in record.values()
-    ):
-        raise CheckpointError(
-            _corrupt(where, 'it is not {"pass": [step, ...], ...}'), code=E_EVALUATED
-        )
-    return {str(name): sorted(set(steps)) for name, steps in record.items()}
-
-
-def _is_step(value: object) -> bool:
-    # a bool is an int to Python, and no step; a step is a signed 64-bit integer
-    return type(value) is int and 0 <= value < 2**63
-
-
-def _corrupt(where: str, why: str) -> str:
-    return (
-        f"{where} is not what evaluate --follow writes: {why}; delete it to evaluate "
-        "every checkpoint again"
-    )
-
-
-def write_evaluated(storage: Storage, evaluated: dict[str, list[int]]) -> None:
-    """Rewrite ``evaluated.json`` whole, in one object write, in the spec's compact
-    form (``{"eval":[250,500],"probe":[50,100]}``)."""
-    record = {name: sorted(steps) for name, steps in sorted(evaluated.items())}
-    text = json.dumps(record, separators=(",", ":"))
-    storage.write(EVALUATED_FILE, (text + "\n").encode())
-
-
 class Evaluation:
     """Evaluates checkpoints and reports their passes."""
 
@@ -164,8 +120,6 @@ class Evaluation:
     ) -> bool:
         """Whether a pass is due at the checkpoint ``key``, from its ``experiment.json``
         alone: the finished checkpoint owes every pass, another those ``:every`` names."""
-        from sexpgpu.checkpoint import read_experiment
-
         try:
             experiment = read_experiment(storage, key)
         except CheckpointError:
@@ -233,28 +187,44 @@ class Evaluation:
         self.log.warning("sources or knobs moved", checkpoint=opened.location, moved=opened.moved)
 
 
+@dataclass
+class Followed:
+    """Where a follower ended: the finished checkpoint's step, and each due step it
+    never evaluated because the run deleted it first (reported as it was found)."""
+
+    step: int
+    missed: list[int]
+
+
 def follow(
     evaluation: Evaluation, storage: Storage, *, poll: float, names: list[str] | None
-) -> int:
+) -> Followed:
     """Evaluate each new complete checkpoint under ``storage`` for the passes due at its
-    step, until the one whose ``experiment.json`` says ``finished``; returns its step."""
+    step, until the one whose ``experiment.json`` says ``finished``."""
     evaluated = read_evaluated(storage)
+    if evaluated is None:  # said at once: the run's retention keeps what a follower owes
+        evaluated = {}
+        write_evaluated(storage, evaluated)
 
     def mark(name: str, step: int) -> None:
         evaluated[name] = sorted({*evaluated.get(name, []), step})
         write_evaluated(storage, evaluated)
 
     seen: set[str] = set()
+    gaps = _Gaps(evaluation, storage, names)
     while True:
-        for step, key in _steps(storage):
+        listing = _steps(storage)
+        gaps.look(listing, evaluated)
+        for step, key in listing:
             if key in seen or not storage.exists(f"{key}/{EXPERIMENT_FILE}"):
                 continue  # a checkpoint counts once its experiment.json is there
             if not evaluation.anything_due(storage, key, step, names, evaluated):
                 seen.add(key)  # nothing due here: its parameters are not read
                 continue
             opened = _open(evaluation, storage, key)
+            seen.add(key)
             if opened is None:
-                seen.add(key)
+                gaps.missed_at(step, evaluated)
                 continue
             due = [
                 p
@@ -262,12 +232,67 @@ def follow(
                 if opened.finished or (p.every and step % p.every == 0)
             ]
             evaluation.evaluate(storage, key, opened, due, mark)
-            seen.add(key)
             if opened.finished:
-                return step
+                return Followed(step, gaps.missed)
         _wait(poll, evaluation.stopping)
         if evaluation.stopping():
             raise Stopped(max((parse_step_key(key) or 0 for key in seen), default=0))
+
+
+class _Gaps:
+    """Due checkpoints the follower never saw: the run deleted them first (past the
+    bound its retention keeps for a follower, or before the follower started)."""
+
+    def __init__(self, evaluation: Evaluation, storage: Storage, names: list[str] | None) -> None:
+        self.evaluation = evaluation
+        self.storage = storage
+        self.names = names
+        self.listed: set[int] = set()
+        self.upto = 0
+        self.missed: list[int] = []
+        self.passes: list[tuple[str, int]] = []
+        self.slug: str | None = None
+
+    def look(self, listing: list[tuple[int, str]], evaluated: dict[str, list[int]]) -> None:
+        """Take a listing: each due step below its newest checkpoint that was never
+        listed is missed (checkpoints fall every ``:checkpoint-every`` steps)."""
+        self.listed.update(step for step, _ in listing)
+        newest = next((sk for sk in reversed(listing) if sk[0] > self.upto), None)
+        if newest is None:
+            return
+        try:
+            experiment = read_experiment(self.storage, newest[1])
+        except CheckpointError:
+            return  # being written, or gone: the next listing looks again
+        program = self.evaluation.reader.program(experiment)
+        self.slug = str(experiment.get("slug"))
+        self.passes = [
+            (p.name, p.every) for p in program.evals if self.names is None or p.name in self.names
+        ]
+        every = program.run.checkpoint_every
+        if every:
+            for step in range((self.upto // every + 1) * every, newest[0], every):
+                if step not in self.listed:
+                    self.missed_at(step, evaluated)
+        self.upto = newest[0]
+
+    def missed_at(self, step: int, evaluated: dict[str, list[int]]) -> None:
+        """Report ``step`` as deleted before it was evaluated, if a pass was due there."""
+        owed = [p for p in due_passes(self.passes, step) if step not in evaluated.get(p, ())]
+        if not owed or step in self.missed:
+            return
+        self.missed.append(step)
+        where = location_of(self.storage, f"step-{step:08d}")
+        self.evaluation.log.warning(
+            "checkpoint deleted before it was evaluated", checkpoint=where, passes=owed
+        )
+        if self.slug is not None:
+            self.evaluation.reporting.stream(self.slug).annotation(
+                step,
+                f"not evaluated: {where} ({', '.join(owed)}) was deleted before "
+                "evaluate --follow read it",
+                source=SOURCE,
+            )
 
 
 def _steps(storage: Storage) -> list[tuple[int, str]]:
@@ -287,7 +312,6 @@ def _open(evaluation: Evaluation, storage: Storage, key: str) -> Opened | None:
     except CheckpointError:
         if storage.exists(f"{key}/{EXPERIMENT_FILE}"):
             raise
-        evaluation.log.warning("checkpoint removed before it was evaluated", checkpoint=key)
         return None
 
 

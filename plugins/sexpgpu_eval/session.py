@@ -86,8 +86,17 @@ def _one(evaluation: Evaluation, location: str, names: list[str] | None) -> None
 def _follow(evaluation: Evaluation, location: str, poll: float, names: list[str] | None) -> None:
     storage = evaluation.reader.catalog.open_location(location)
     storage.list_children("")  # a location that cannot be listed is an error, at once
-    step = follow(evaluation, storage, poll=poll, names=names)
-    click.echo(f"sexpgpu evaluate: followed {storage.uri} to its finished step {step}", err=True)
+    followed = follow(evaluation, storage, poll=poll, names=names)
+    said = f"sexpgpu evaluate: followed {storage.uri} to its finished step {followed.step}"
+    if followed.missed:
+        shown = ", ".join(map(str, followed.missed[:10])) + (
+            ", ..." if followed.missed[10:] else ""
+        )
+        said += (
+            f"; {len(followed.missed)} due checkpoints were deleted before they were "
+            f"evaluated (steps {shown})"
+        )
+    click.echo(said, err=True)
 
 
 def _known(program: object, names: list[str] | None) -> None:

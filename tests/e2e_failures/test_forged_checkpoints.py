@@ -307,7 +307,7 @@ def test_nothing_is_written_through_a_symlinked_step_folder(workdir):
     os.symlink(target, workdir / "ckpt" / "step-00000006")
     done = run_sexpgpu(*RUN, "--resume", "ckpt/step-00000002", cwd=workdir, timeout=120)
     assert error_line(done).startswith(
-        "sexpgpu run: E-STORAGE-007: ckpt/step-00000006 is a symbolic link"
+        "sexpgpu run: step 6: E-STORAGE-007: ckpt/step-00000006 is a symbolic link"
     ), done.stderr
     assert list(target.iterdir()) == []
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from sexpgpu.checkpoint.evaluated import read_evaluated, write_evaluated
 from sexpgpu.errors import CheckpointError
-from sexpgpu_eval.follow import read_evaluated, write_evaluated
 from sexpgpu_eval.passes import PassRunner
 from tests.catalogs import open_location, project
 from tests.e2e.helpers import run_sexpgpu, sexpgpu_env
@@ -74,7 +74,7 @@ def test_the_runner_averages_then_finishes_and_stops_before_a_batch():
 
 def test_evaluated_json_round_trips_and_a_bad_one_is_refused(tmp_path):
     storage = open_location(str(tmp_path))
-    assert read_evaluated(storage) == {}
+    assert read_evaluated(storage) is None
     write_evaluated(storage, {"probe": [4, 2], "eval": [250]})
     assert (tmp_path / "evaluated.json").read_text() == '{"eval":[250],"probe":[2,4]}\n'
     assert read_evaluated(storage) == {"eval": [250], "probe": [2, 4]}

@@ -8,16 +8,20 @@ moment the last byte is stored, that thread reports the checkpoint: the
 metrics annotation (with ``seconds`` from the first tensor leaving the device
 to the last byte stored), the status file's ``checkpoint`` and a log line. A
 run killed outright after that still names it. Then, with ``keep_last``, it
-deletes the complete checkpoints older than the newest ``keep_last``.
+deletes the complete checkpoints older than the newest ``keep_last``, less those a
+follower (``sexpgpu evaluate --follow``) still owes a pass, within a bound
+(:mod:`sexpgpu.checkpoint.evaluated`).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
+from sexpgpu.checkpoint.evaluated import HOLD_DEFAULT, HOLD_VARIABLE, unevaluated
+from sexpgpu.checkpoint.storage import int_setting
 from sexpgpu.errors import CheckpointError, SexpError
 from sexpgpu.log import get_logger
 
@@ -47,6 +51,7 @@ class Checkpointer:
         metrics: MetricsStream,
         status: StatusFile,
         keep_last: int | None = None,
+        passes: Sequence[tuple[str, int]] = (),
         resumed_from: str | None = None,
         written_step: int | None = None,
     ) -> None:
@@ -55,6 +60,9 @@ class Checkpointer:
         self.metrics = metrics
         self.status = status
         self.keep_last = keep_last
+        self.passes = tuple(passes)
+        """The run's eval passes, ``(name, every)``: retention keeps what a follower owes."""
+        self.hold = int_setting(HOLD_VARIABLE, HOLD_DEFAULT, 0) if keep_last is not None else 0
         self.last = resumed_from
         self.log = get_logger("sexpgpu.checkpoint")
         self._written_step = written_step
@@ -121,7 +129,12 @@ class Checkpointer:
         from sexpgpu.checkpoint.retention import prune
 
         try:
-            deleted = prune(self.storage, self.keep_last or 1, protect=[key])
+            deleted = prune(
+                self.storage,
+                self.keep_last or 1,
+                protect=[key],
+                hold=lambda old: unevaluated(self.storage, old, self.passes, self.hold),
+            )
         except Exception as error:  # a storage plugin's own failure included
             # The checkpoint is stored; an old one left behind costs space, not the run.
             reason = error.render() if isinstance(error, SexpError) else f"{error}"

@@ -10,7 +10,7 @@ write cut off. Only complete checkpoints are ever deleted: a folder without
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -58,12 +58,19 @@ def delete_checkpoint(storage: Storage, key: str) -> None:
         storage.delete(file_key(key, name))
 
 
-def prune(storage: Storage, keep_last: int, *, protect: Iterable[str] = ()) -> list[str]:
+def prune(
+    storage: Storage,
+    keep_last: int,
+    *,
+    protect: Iterable[str] = (),
+    hold: Callable[[Sequence[StepFolder]], Iterable[str]] | None = None,
+) -> list[str]:
     """Delete the complete checkpoints older than the newest ``keep_last`` complete ones.
 
     Never deletes the newest complete checkpoint (``keep_last`` is at least 1),
-    a folder without ``experiment.json``, or a key in ``protect`` (the one just
-    written). Returns the keys deleted, oldest first. Raises
+    a folder without ``experiment.json``, a key in ``protect`` (the one just
+    written), or one ``hold`` keeps, given the old ones, oldest first (those a
+    follower has not evaluated). Returns the keys deleted, oldest first. Raises
     :class:`ValueError` for ``keep_last`` below 1 and
     :class:`sexpgpu.errors.StorageError` when listing or deleting fails.
     """
@@ -71,8 +78,11 @@ def prune(storage: Storage, keep_last: int, *, protect: Iterable[str] = ()) -> l
         raise ValueError(f"keep_last is at least 1, got {keep_last}")
     kept = set(protect)
     complete = [folder for folder in list_steps(storage) if folder.complete]
+    old = complete[: max(0, len(complete) - keep_last)]
+    if hold is not None and old:
+        kept.update(hold(old))
     deleted = []
-    for folder in complete[: max(0, len(complete) - keep_last)]:
+    for folder in old:
         if folder.key in kept:
             continue
         delete_checkpoint(storage, folder.key)
