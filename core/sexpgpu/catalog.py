@@ -175,17 +175,10 @@ class Catalog:
                 )
                 continue
             self.records.append(record)
-            disabled_by = [
-                variable
-                for variable, hit in (
-                    (DISABLE_PLUGINS, record.name in names),
-                    (DISABLE_DISTRIBUTIONS, _normalized(record.distribution) in distributions),
-                )
-                if hit
-            ]
-            if disabled_by:
+            if record.name in names or _normalized(record.distribution) in distributions:
+                by = DISABLE_PLUGINS if record.name in names else DISABLE_DISTRIBUTIONS
                 record.available, record.disabled = False, True
-                record.reason = f"disabled by {disabled_by[0]}"
+                record.reason = f"disabled by {by}"
                 continue
             self._register(record, entry_point.load)
         # Only the plugin names warn: a distribution list is usually set by tooling

@@ -66,10 +66,8 @@ class Choices:
         requested, asked = dict(requested or {}), dict(asked or {})
         recorded = {str(k): str(v) for k, v in (recorded or {}).items()}
         if not fresh:
-            for name in sorted(requested):
-                old = recorded.get(name)
-                if old is None:
-                    continue
+            for name in sorted(requested.keys() & recorded.keys()):
+                old = recorded[name]
                 if old != requested[name]:
                     raise CheckpointError(
                         f"the recorded choice '{old}' for {name} cannot be taken with "

@@ -61,31 +61,24 @@ def choose_kernels(
     """
     here = fitting(kernels, lowering=lowering, device=device)
     deterministic = program.run.deterministic
+    where = f"for the {lowering} lowering on {device_kind(device)}"
     chosen: dict[str, KernelInfo] = {}
     for site in program.sites:
         pin = choices.pin(site.name)
         if pin is not None and choices.is_request(site.name):
-            chosen[site.name] = _requested(
-                site, pin, choices.words(site.name), here, deterministic, lowering, device
-            )
+            asked = choices.words(site.name)
+            chosen[site.name] = _requested(site, pin, asked, here, deterministic, where)
         elif pin is not None:
-            chosen[site.name] = _pinned(site, pin, here, lowering, device)
+            chosen[site.name] = _pinned(site, pin, here, where)
         else:
-            chosen[site.name] = _by_rule(site, here, deterministic, lowering, device)
+            chosen[site.name] = _by_rule(site, here, deterministic, where)
     return chosen
 
 
-def _pinned(
-    site: ChoiceSite, name: str, here: Sequence[KernelInfo], lowering: str, device: str
-) -> KernelInfo:
+def _pinned(site: ChoiceSite, name: str, here: Sequence[KernelInfo], where: str) -> KernelInfo:
     match = next((k for k in here if k.kind == site.kind and k.name == name), None)
     if match is None:
-        raise cannot_take(
-            site.name,
-            name,
-            f"no available {site.kind} kernel '{name}' for the {lowering} lowering on "
-            f"{device_kind(device)}",
-        )
+        raise cannot_take(site.name, name, f"no available {site.kind} kernel '{name}' {where}")
     return match
 
 
@@ -95,8 +88,7 @@ def _requested(
     asked: str,
     here: Sequence[KernelInfo],
     deterministic: bool,
-    lowering: str,
-    device: str,
+    where: str,
 ) -> KernelInfo:
     of_kind = [k for k in here if k.kind == site.kind]
     match = next((k for k in of_kind if k.name == name), None)
@@ -108,8 +100,8 @@ def _requested(
             for k in of_kind
         )
         raise PluginError(
-            f"{asked}: no {site.kind} kernel '{name}' for the {lowering} lowering on "
-            f"{device_kind(device)} (kernels that fit: {listed or 'none'}; see `sexpgpu check`)"
+            f"{asked}: no {site.kind} kernel '{name}' {where} "
+            f"(kernels that fit: {listed or 'none'}; see `sexpgpu check`)"
         )
     if deterministic and not match.deterministic:
         raise PluginError(
@@ -120,18 +112,13 @@ def _requested(
 
 
 def _by_rule(
-    site: ChoiceSite,
-    here: Sequence[KernelInfo],
-    deterministic: bool,
-    lowering: str,
-    device: str,
+    site: ChoiceSite, here: Sequence[KernelInfo], deterministic: bool, where: str
 ) -> KernelInfo:
     candidates = [k for k in here if k.kind == site.kind and (k.deterministic or not deterministic)]
     if not candidates:
         wanted = "deterministic " if deterministic else ""
         raise PluginError(
-            f"no {wanted}{site.kind} kernel for the {lowering} lowering on "
-            f"{device_kind(device)} (needed by {site.name}; see `sexpgpu plugins`)",
+            f"no {wanted}{site.kind} kernel {where} (needed by {site.name}; see `sexpgpu plugins`)",
             pos=site.pos,
         )
     return min(candidates, key=rank)

@@ -31,16 +31,7 @@ from sexpgpu.extension import MetricsSink, MetricsSinkInfo
 if TYPE_CHECKING:
     from sexpgpu.catalog import Catalog
 
-__all__ = [
-    "EVENT_KINDS",
-    "RESERVED_KEYS",
-    "MetricsStream",
-    "new_slug",
-    "open_sinks",
-]
-
-EVENT_KINDS = ("point", "annotation", "done")
-"""The ``kind`` of every event the stream carries."""
+__all__ = ["RESERVED_KEYS", "MetricsStream", "new_slug", "open_sinks"]
 
 RESERVED_KEYS = frozenset({"kind", "id", "experiment", "step", "time", "name", "value", "text"})
 """Keys the stream sets itself; an annotation's extra fields may not use them."""
@@ -267,7 +258,10 @@ class MetricsStream:
         )
         return event
 
-    def _event(self, kind: str, step: int) -> dict[str, Any]:
+    def _event(self, kind: str, step: int, fields: dict[str, Any]) -> dict[str, Any]:
+        clash = RESERVED_KEYS.intersection(fields)
+        if clash:  # a bug in the caller, not a user error
+            raise ValueError(f"{kind} fields may not be named {sorted(clash)}")
         return {
             "kind": kind,
             "id": uuid.uuid4().hex,
@@ -281,35 +275,20 @@ class MetricsStream:
 
         Returns the event. ``value`` may be NaN or infinite; a sink decides how
         to store it. ``fields`` are JSON-able extras (``source="evaluate"``), never
-        one of :data:`RESERVED_KEYS`.
+        one of :data:`RESERVED_KEYS` (a :class:`ValueError`).
         """
-        clash = RESERVED_KEYS.intersection(fields)
-        if clash:
-            raise ValueError(f"point fields may not be named {sorted(clash)}")
-        event = self._event("point", step)
-        event.update(fields)
-        event["name"] = str(name)
-        event["value"] = _number(value)
-        return self._emit(event)
+        event = {**self._event("point", step, fields), **fields}
+        return self._emit({**event, "name": str(name), "value": _number(value)})
 
     def annotation(self, step: int, text: str, /, **fields: Any) -> dict[str, Any]:
         """Queue an annotation at ``step``: a line of ``text`` and JSON-able ``fields``
-        (``seconds=1.25`` for a checkpoint). Returns the event.
-
-        Raises :class:`ValueError` when a field would overwrite one of
-        :data:`RESERVED_KEYS`: that is a bug in the caller, not a user error.
-        """
-        clash = RESERVED_KEYS.intersection(fields)
-        if clash:
-            raise ValueError(f"annotation fields may not be named {sorted(clash)}")
-        event = self._event("annotation", step)
-        event["text"] = str(text)
-        event.update(fields)
-        return self._emit(event)
+        (``seconds=1.25`` for a checkpoint), named as :meth:`point` allows. Returns the event."""
+        event = self._event("annotation", step, fields)
+        return self._emit({**event, "text": str(text), **fields})
 
     def done(self, step: int) -> dict[str, Any]:
         """Queue ``done``: the run ended normally at ``step``. Returns the event."""
-        return self._emit(self._event("done", step))
+        return self._emit(self._event("done", step, {}))
 
     # -- draining
 

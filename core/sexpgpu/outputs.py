@@ -229,16 +229,14 @@ class Outputs:
 
 
 class _Unwritten:
-    """The status file of a rank that does not write one (every rank but 0)."""
+    """The status file of a rank that does not write one (every rank but 0): nothing to write."""
 
     unwritten = None
 
     def update(self, **fields: object) -> bool:
-        """Nothing to write."""
         return True
 
     def progress(self, step: int, **fields: object) -> bool:
-        """Nothing to write."""
         return True
 
 

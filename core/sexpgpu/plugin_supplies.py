@@ -141,14 +141,11 @@ def find_conflicts(hook: str, claims: Iterable[tuple[Any, str, str]]) -> list[Co
     Claims of one plugin never conflict with each other; a hook without a row
     in :data:`SUPPLIES` has none.
     """
-    kind = SUPPLIES.get(hook)
-    if kind is None:
-        return []
     owners: dict[str, dict[str, str]] = {}
     for key, name, where in _built_in_claims(hook):
         owners.setdefault(key, {})[name] = where
     for info, name, where in claims:
-        for key in _keys(kind, info):
+        for key in _keys(hook, info):
             owners.setdefault(key, {}).setdefault(name, where)
     return [
         Conflict(hook, key, tuple(found.items())) for key, found in owners.items() if len(found) > 1
@@ -157,14 +154,13 @@ def find_conflicts(hook: str, claims: Iterable[tuple[Any, str, str]]) -> list[Co
 
 def contested_keys(hook: str, info: Any, conflicts: Iterable[Conflict]) -> list[Conflict]:
     """The conflicts among ``conflicts`` that ``info`` (a descriptor of ``hook``) is part of."""
-    kind = SUPPLIES.get(hook)
-    keys = set(_keys(kind, info)) if kind else set()
+    keys = set(_keys(hook, info))
     return [c for c in conflicts if c.hook == hook and c.what in keys]
 
 
-def _keys(keys: Callable[[Any], tuple[str, ...]], info: Any) -> tuple[str, ...]:
+def _keys(hook: str, info: Any) -> tuple[str, ...]:
     try:
-        return keys(info)
+        return SUPPLIES[hook](info) if hook in SUPPLIES else ()
     except Exception:  # a malformed descriptor claims nothing; using it fails on its own
         return ()
 

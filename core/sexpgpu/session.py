@@ -36,6 +36,8 @@ if TYPE_CHECKING:
 E_FOREIGN_RUN = "E-EVAL-002"
 """A checkpoint opened with a file whose run is not the checkpoint's."""
 
+_PROGRAM_KEYS = ("file", "sources", "knobs", "variant")  # what fixes a checkpoint's program
+
 
 @dataclass(frozen=True)
 class Selection:
@@ -402,9 +404,7 @@ class CheckpointOpener:
 
     def program(self, experiment: Mapping[str, Any]) -> Program:
         """The checkpoint's program, compiled once per file, sources, knobs and variant."""
-        identity = json.dumps(
-            [experiment.get(k) for k in ("file", "sources", "knobs", "variant")], sort_keys=True
-        )
+        identity = json.dumps([experiment.get(k) for k in _PROGRAM_KEYS], sort_keys=True)
         if identity not in self._programs:
             selection = Selection.recorded(experiment, self.file)
             # an evaluator reads only its passes' data, opened when a pass runs
@@ -414,10 +414,8 @@ class CheckpointOpener:
     def _build(self, experiment: Mapping[str, Any]) -> tuple[Program, Trainer, list[str]]:
         from sexpgpu.checkpoint import compare_for_resume
 
-        identity = json.dumps(
-            [experiment.get(k) for k in ("file", "sources", "knobs", "variant", "choices")],
-            sort_keys=True,
-        )
+        keys = (*_PROGRAM_KEYS, "choices")
+        identity = json.dumps([experiment.get(k) for k in keys], sort_keys=True)
         if identity not in self._built:
             program = self.program(experiment)
             if program.run.name != experiment.get("run"):

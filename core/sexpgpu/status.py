@@ -71,19 +71,12 @@ class StatusFile:
                 f"unknown run state {fields['state']!r}; expected one of {', '.join(STATES)}"
             )
         with self._lock:
-            return self._update(fields)
-
-    def _update(self, fields: dict[str, Any]) -> bool:
-        self.fields.update(fields)
-        state = self.fields["state"]
-        if state == "failed":
-            error = self.fields.get("error") or "unknown error"
+            self.fields.update(fields)
+            state = self.fields["state"]
+            error = (self.fields.get("error") or "unknown error") if state == "failed" else None
             self.fields["error"] = error
-            self.fields["summary"] = f"failed: {error}"
-        else:
-            self.fields["error"] = None
-            self.fields["summary"] = state
-        return self._write()
+            self.fields["summary"] = f"failed: {error}" if error else state
+            return self._write()
 
     def progress(self, step: int, **fields: Any) -> bool:
         """Record that the run is at ``step``; write only if the last write is at

@@ -29,7 +29,6 @@ from sexpgpu.signals import StopWatch, interruption, process_watch
 
 if TYPE_CHECKING:
     from sexpgpu.catalog import Catalog
-    from sexpgpu.lang.ir import Program
 
 DEFAULT_METRICS_DIR = "./sexpgpu-runs"
 
@@ -92,16 +91,6 @@ def run(options: RunOptions, catalog: Catalog) -> RunOutcome:
             watch.uninstall()
 
 
-def stage_of(program: Program, step: int) -> tuple[int, int]:
-    """(stage index, 1-based step within it) of the 1-based global ``step``."""
-    start = 0
-    for index, stage in enumerate(program.stages):
-        if step <= start + stage.steps:
-            return index, step - start
-        start += stage.steps
-    raise ValueError(f"step {step} is past the program's {program.steps} steps")
-
-
 class Run:
     """A run that is set up and ready to train."""
 
@@ -154,7 +143,7 @@ class Run:
         # Data: one loader per stage, opened when the stage starts.
         self.loader, self.loader_stage = None, -1
         if self.step < program.steps:
-            next_stage, _ = stage_of(program, self.step + 1)
+            next_stage, _ = program.stage_of(self.step + 1)
             self._open_stage_loader(next_stage)
             if next_stage == self.stage and session.state.get("loader") is not None:
                 self.loader.restore(session.state["loader"])
@@ -217,7 +206,7 @@ class Run:
                 return self._interrupted()
             while self.step < total:
                 step = self.step + 1
-                stage, step_in_stage = stage_of(program, step)
+                stage, step_in_stage = program.stage_of(step)
                 if stage != self.loader_stage:
                     self._open_stage_loader(stage)
                 batch = self.loader.next_batch()

@@ -231,3 +231,12 @@ class Program:
 
     def param(self, path: str) -> ParamDecl:
         return next(p for p in self.params if p.path == path)
+
+    def stage_of(self, step: int) -> tuple[int, int]:
+        """(stage index, 1-based step within it) of the 1-based global ``step``."""
+        start = 0
+        for index, stage in enumerate(self.stages):
+            if step <= start + stage.steps:
+                return index, step - start
+            start += stage.steps
+        raise ValueError(f"step {step} is past the program's {self.steps} steps")
