@@ -76,7 +76,8 @@ def test_a_nan_in_npy_features_is_e_data_003_naming_the_record(tmp_path):
     np.save(tmp_path / "x.npy", x)
     np.save(tmp_path / "y.npy", np.arange(16) % 3)
     line = error_line(run_sexpgpu("run", "npy.sx", *CKPT, cwd=tmp_path))
-    assert line.startswith("sexpgpu run: E-DATA-003: "), line
+    # found as the data opens, at the defdata, as the file checks before it are
+    assert line.startswith("npy.sx:7:10: E-DATA-003: "), line
     assert "'x.npy'" in line and "nan at record 9" in line, line
     _nothing_started(tmp_path)
 

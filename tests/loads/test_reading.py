@@ -223,24 +223,3 @@ def test_a_missing_file_keeps_the_storage_code_and_gets_the_position(tmp_path: P
         loads.check()
     assert caught.value.code == "E-STORAGE-003"
     assert caught.value.pos == POS
-
-
-def test_an_identity_is_read_once_per_file(tmp_path: Path) -> None:
-    save_file(
-        {"a": np.ones((2,), np.float32), "b": np.ones((2,), np.float32)},
-        str(tmp_path / "w.safetensors"),
-    )
-    uri = str(tmp_path / "w.safetensors")
-    loads = Loads(
-        open_location=open_location,
-        params=[decl("model.a", (2,), uri, "a"), decl("model.b", (2,), uri, "b")],
-    )
-    loads.check()
-    calls = []
-    file = loads._files[uri]
-    real = file.storage.identity
-    file.storage.identity = lambda key: calls.append(key) or real(key)
-    first = loads.identities()
-    assert loads.identities() == first
-    assert calls == ["w.safetensors"]
-    assert first["model.a"]["size"] == (tmp_path / "w.safetensors").stat().st_size

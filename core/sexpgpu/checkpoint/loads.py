@@ -1,34 +1,49 @@
 """Reading ``:load`` and ``with-loaded`` tensors from safetensors files.
 
 A file is opened through the storage backend that serves its scheme (a local
-path, ``file://``, ``s3://``, ``gs://`` or a third party's), so nothing here
-knows a scheme. Reading is lazy and bounded: the header is one ranged read
-(8 bytes of length, then the JSON), each tensor a program names one more,
-concurrent across tensors; a file is never read whole. A sharded checkpoint's
-``model.safetensors.index.json`` names the shard that holds each tensor, and
-the shard is what a checkpoint pins. A file's identity (size and version, from
-the backend's ``identity``) is read once per run.
+path, ``file://``, ``s3://``, ``gs://`` or a third party's). Reading is lazy and
+bounded: the header is one ranged read (8 bytes of length, then the JSON), each
+tensor a program names one more, concurrent across tensors; a file in a bucket
+is never read whole. A sharded checkpoint's ``model.safetensors.index.json``
+names the shard that holds each tensor, and the shard is what a checkpoint pins.
+A file's identity (size and version, from the backend's ``identity``) is read
+once per run.
+
+A local file is the exception twice over. It may be a symbolic link (Hugging Face's
+cache stores every file as one, to a blob): it is read, and pinned, as the regular
+file it leads to, while checkpoint locations stay free of links. And its identity
+is its sha256, a pass over every byte, so a run reads it once, front to back,
+hashing each chunk on a second thread while the next is read into its tensor.
 
 Torch-free: ``sexpgpu check`` reads headers through this module too.
 """
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
 import math
+import os
+import stat
 import threading
-from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
+from collections.abc import Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote, urlparse
 
 import numpy as np
 
 from sexpgpu.checkpoint.keys import is_count
+from sexpgpu.checkpoint.storage import NO_SUCH_LOCATION, READ_FAILED, scheme_of
 from sexpgpu.errors import Pos, SexpError, SourceError, StorageError
+from sexpgpu.extension import ObjectIdentity
 
 if TYPE_CHECKING:
-    from sexpgpu.extension import ObjectIdentity, Opener, Storage
+    from sexpgpu.extension import Opener, Storage
     from sexpgpu.lang.ir import ParamDecl, Program
 
 E_CHANGED = "E-LOAD-001"
@@ -50,6 +65,11 @@ _ITEMSIZE = {"F32": 4, "F16": 2, "BF16": 2}
 _INTEGERS = {"I8", "I16", "I32", "I64", "U8", "U16", "U32", "U64", "BOOL"}
 _READERS = 16
 """Concurrent ranged reads; a bucket serves each tensor as its own request."""
+_CHUNK = 8 << 20
+"""Bytes per read of a local file's one pass: few calls, and a chunk is still in the
+processor's cache when the hashing thread takes it."""
+_HASHING = 2
+"""Chunks handed to the hashing thread and not yet hashed, at most."""
 
 
 @dataclass(frozen=True)
@@ -71,6 +91,8 @@ class SafetensorsFile:
     key: str
     tensors: dict[str, TensorEntry]
     header_bytes: bytes
+    path: str | None = None
+    """A local file's real path (links followed), when it is read in one pass."""
 
     def read(self, name: str) -> np.ndarray:
         """Tensor ``name`` as f32, read with one ranged request."""
@@ -89,11 +111,15 @@ class SafetensorsFile:
 
     def _check_length(self, name: str, entry: TensorEntry, got: int) -> None:
         if got != entry.length:
-            raise SexpError(
-                f"{self.uri} is truncated: {name} needs {entry.length} bytes at {entry.start}, "
-                f"the file has {got} there",
-                code=E_NOT_SAFETENSORS,
-            )
+            raise SexpError(self.truncated(name, got), code=E_NOT_SAFETENSORS)
+
+    def truncated(self, name: str, got: int) -> str:
+        """What is said of tensor ``name`` when the file has only ``got`` of its bytes."""
+        entry = self.tensors[name]
+        return (
+            f"{self.uri} is truncated: {name} needs {entry.length} bytes at {entry.start}, "
+            f"the file has {got} there"
+        )
 
 
 def to_f32(data: bytes, entry: TensorEntry) -> np.ndarray:
@@ -185,7 +211,174 @@ def _entries(raw: bytes, base: int, uri: str) -> dict[str, TensorEntry]:
         if end < start or (size is not None and end - start != size * math.prod(shape)):
             raise bad(f"{name}'s offsets do not fit its shape and dtype")
         entries[name] = TensorEntry(dtype, shape, base + start, end - start)
+    # The format lays tensors side by side; a file read in one pass fills each from
+    # its own bytes, so two claiming the same bytes are refused, as safetensors does.
+    placed = sorted((e.start, e.start + e.length, n) for n, e in entries.items() if e.length)
+    for (_, first_end, first), (second_start, _, second) in pairwise(placed):
+        if second_start < first_end:
+            raise bad(f"{second}'s bytes overlap {first}'s")
     return entries
+
+
+def _follow(uri: str) -> tuple[str, str | None]:
+    """(what to open, the real path) of a ``:load`` file: a local one's links followed
+    to the regular file they lead to; another scheme's as given, with no path.
+
+    A link that leads nowhere, a loop of links, or something that is not a regular
+    file (a FIFO, a device such as ``/dev/zero``, a folder) is one line, never opened.
+    """
+    path = _local_path(uri) if scheme_of(uri) == "file" else None
+    if path is None:
+        return uri, None
+    try:
+        real = os.path.realpath(path, strict=True)
+        info = os.stat(real)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise SexpError(f"{uri} is a loop of symbolic links", code=E_NOT_SAFETENSORS) from None
+        if os.path.islink(path):
+            raise SexpError(
+                f"{uri} is a symbolic link to {os.path.realpath(path)}, which does not exist",
+                code=NO_SUCH_LOCATION,
+            ) from None
+        return uri, None  # not there, or not readable: the storage backend says which
+    if not stat.S_ISREG(info.st_mode):
+        led = f" is a symbolic link to {real}, which" if os.path.islink(path) else ""
+        raise SexpError(
+            f"{uri}{led} is not a regular file ({_kind(info.st_mode)})",
+            code=E_NOT_SAFETENSORS,
+        )
+    # The real path is opened: the local backend refuses a link where it is asked
+    # to read, as it must in a checkpoint location.
+    return (uri if real == path else real), real
+
+
+def _local_path(uri: str) -> str | None:
+    """The absolute path of a plain path or ``file://`` URI, as the local backend reads
+    it; ``None`` for a ``file://`` URI of another machine (the backend says why)."""
+    raw = uri
+    if uri.lower().startswith("file://"):
+        parsed = urlparse(uri)
+        if parsed.netloc not in ("", "localhost"):
+            return None
+        raw = unquote(parsed.path)
+    return os.path.abspath(os.path.expanduser(raw))
+
+
+def _kind(mode: int) -> str:
+    kinds = [
+        (stat.S_ISDIR, "a folder"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ]
+    return next((said for test, said in kinds if test(mode)), "a special file")
+
+
+def _one_pass(
+    file: SafetensorsFile, wanted: Mapping[str, Pos]
+) -> tuple[ObjectIdentity, dict[str, np.ndarray]]:
+    """A local file read once, front to back: its size and ``sha256:<hex>`` (the
+    identity the spec pins a local file by, the same as the local backend's) and the
+    tensors ``wanted`` as f32 (by name; each with the position blamed when the file
+    is too short for it).
+
+    Each chunk is read straight into its tensor's array, or into a scratch buffer
+    between tensors, and hashed on a second thread while the next one is read:
+    hashlib and the read both let go of the GIL, so the two overlap, and the hash
+    reads the bytes from the cache the read left them in. A file whose header is no
+    longer the one checked, or that changes while it is read, is ``E-LOAD-005``.
+    """
+    assert file.path is not None
+    before = _stat(file)
+    arrays: dict[str, np.ndarray] = {}
+    plan: list[tuple[int, memoryview | None]] = []
+    for name in sorted(wanted, key=lambda n: file.tensors[n].start):
+        entry = file.tensors[name]
+        if entry.start + entry.length > before.st_size:
+            got = max(0, before.st_size - entry.start)
+            raise SourceError(file.truncated(name, got), code=E_NOT_SAFETENSORS, pos=wanted[name])
+        if entry.dtype == "F32":
+            array = np.empty(entry.shape, "<f4")
+        else:  # read as bytes, widened to f32 once the pass is done
+            array = np.empty(entry.length, np.uint8)
+        arrays[name] = array
+        if entry.length:
+            plan.append((entry.start, memoryview(array.reshape(-1).view(np.uint8))))
+    plan.append((before.st_size, None))
+    digest = hashlib.sha256()
+    _read_and_hash(file, plan, digest)
+    if _moved(before, _stat(file)):
+        raise _changed(file.uri)
+    values = {
+        name: array if file.tensors[name].dtype == "F32" else to_f32(array, file.tensors[name])
+        for name, array in arrays.items()
+    }
+    return ObjectIdentity(size=before.st_size, version=f"sha256:{digest.hexdigest()}"), values
+
+
+def _read_and_hash(
+    file: SafetensorsFile, plan: list[tuple[int, memoryview | None]], digest: Any
+) -> None:
+    """Read ``file`` up to the last place in ``plan`` (``(start, where its bytes go)``,
+    in file order; ``None`` for the end), feeding every byte to ``digest`` in order."""
+    into = file.storage.read_range_into  # type: ignore[attr-defined]
+    expected = len(file.header_bytes).to_bytes(8, "little") + file.header_bytes
+    # One more scratch buffer than can be waiting, being hashed, and being read into.
+    scratch = [np.empty(_CHUNK, np.uint8) for _ in range(_HASHING + 2)]
+    hashing: deque[Future[None]] = deque()
+    offset, turn = 0, 0
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="sexpgpu-sha256") as hasher:
+
+        def read(view: memoryview) -> None:
+            nonlocal offset
+            if into(file.key, offset, view) != len(view):
+                raise _changed(file.uri)  # shorter than it was a moment ago
+            hashing.append(hasher.submit(digest.update, view))
+            while len(hashing) > _HASHING:
+                hashing.popleft().result()
+            offset += len(view)
+
+        for start, target in plan:
+            while offset < start:  # bytes no tensor wanted: the header, other tensors
+                view = memoryview(scratch[turn % len(scratch)])[: min(_CHUNK, start - offset)]
+                turn += 1
+                at = offset
+                read(view)
+                if at < len(expected):
+                    seen = min(len(view), len(expected) - at)
+                    if view[:seen] != expected[at : at + seen]:
+                        raise _changed(file.uri)
+            if target is not None:
+                for at in range(0, len(target), _CHUNK):
+                    read(target[at : at + _CHUNK])
+        while hashing:
+            hashing.popleft().result()
+
+
+def _stat(file: SafetensorsFile) -> os.stat_result:
+    assert file.path is not None
+    try:
+        return os.stat(file.path)
+    except FileNotFoundError:
+        raise SexpError(f"{file.uri} was removed", code=NO_SUCH_LOCATION) from None
+    except OSError as exc:
+        raise SexpError(
+            f"cannot read {file.uri}: {exc.strerror or type(exc).__name__}", code=READ_FAILED
+        ) from None
+
+
+def _moved(before: os.stat_result, after: os.stat_result) -> bool:
+    fields = ("st_dev", "st_ino", "st_size", "st_mtime_ns")
+    return any(getattr(before, f) != getattr(after, f) for f in fields)
+
+
+def _changed(uri: str) -> SexpError:
+    return SexpError(
+        f"{uri} changed while it was being read; run again once it is written",
+        code=E_MOVED_UNDER,
+    )
 
 
 @dataclass(frozen=True)
@@ -211,6 +404,8 @@ class Loads:
         self._files: dict[str, SafetensorsFile] = {}
         self._indexes: dict[str, dict[str, str]] = {}
         self._identities: dict[str, ObjectIdentity] = {}
+        self._values: dict[str, np.ndarray] = {}
+        """Values a file's one pass read, by parameter path, until :meth:`read` takes them."""
         self._prefetch: threading.Thread | None = None
         self._prefetch_error: BaseException | None = None
         self.sources: dict[str, Source] = {}
@@ -261,7 +456,7 @@ class Loads:
     def _index(self, uri: str, pos: Pos) -> dict[str, str]:
         if uri not in self._indexes:
             with _at(pos):
-                storage, key = open_storage(uri, self._open_location)
+                storage, key = open_storage(_follow(uri)[0], self._open_location)
                 try:
                     index = json.loads(storage.read(key))
                     weight_map = index["weight_map"]
@@ -281,49 +476,59 @@ class Loads:
     def _file(self, uri: str, pos: Pos) -> SafetensorsFile:
         if uri not in self._files:
             with _at(pos):
-                storage, key = open_storage(uri, self._open_location)
-                self._files[uri] = read_header(storage, key, uri)
+                target, real = _follow(uri)
+                storage, key = open_storage(target, self._open_location)
+                file = read_header(storage, key, uri)
+                if real is not None and hasattr(storage, "read_range_into"):
+                    file.path = real
+                self._files[uri] = file
         return self._files[uri]
 
     # -- identities and values
 
     def prefetch_identities(self) -> None:
-        """Start reading the files' identities in the background (after :meth:`check`).
-
-        A local file's identity is its sha256, a pass over every byte: done while
-        the run lowers its program and reads the tensors, it costs no wall time.
-        A daemon thread, so a run that stops early does not wait for it.
+        """Start reading the files in the background (after :meth:`check`): a local
+        file in one pass that hashes it (its identity is its sha256) and reads every
+        tensor the program names in it, for :meth:`read` to hand over; another file's
+        identity with one request. Done while the run lowers its program, it costs no
+        wall time. A daemon thread, so a run that stops early does not wait for it.
         """
         if self._prefetch is not None or not self.sources:
             return
 
         def identify() -> None:
             try:
-                self._identify()
-            except BaseException as exc:  # handed to identities(), which raises it
+                self._identify(keep=True)
+            except BaseException as exc:  # handed to identities() or read(), which raise it
                 self._prefetch_error = exc
 
         self._prefetch = threading.Thread(target=identify, name="sexpgpu-identity", daemon=True)
         self._prefetch.start()
 
-    def identities(self) -> dict[str, dict[str, Any]]:
-        """Each ``:load`` parameter's ``{"uri", "tensor", "size", "version"}``, as a
-        checkpoint pins it; a file's identity is read once per run."""
+    def _join_prefetch(self) -> None:
         if self._prefetch is not None:
             self._prefetch.join()
             self._prefetch = None
             if self._prefetch_error is not None:
                 error, self._prefetch_error = self._prefetch_error, None
                 raise error
+
+    def identities(self) -> dict[str, dict[str, Any]]:
+        """Each ``:load`` parameter's ``{"uri", "tensor", "size", "version"}``, as a
+        checkpoint pins it (``uri`` as the program names it, a link's too); a file's
+        identity is read once per run."""
+        self._join_prefetch()
         return self._identify()
 
-    def _identify(self) -> dict[str, dict[str, Any]]:
+    def _identify(self, keep: bool = False) -> dict[str, dict[str, Any]]:
+        """Every file's identity, read once; with ``keep``, a local file's pass also
+        keeps the values of every parameter read from it."""
+        for uri in dict.fromkeys(source.uri for source in self.sources.values()):
+            if uri not in self._identities:
+                reads = [s for s in self.sources.values() if s.uri == uri] if keep else []
+                self._identify_file(uri, reads)
         pinned = {}
         for path, source in self.sources.items():
-            if source.uri not in self._identities:
-                file = self._files[source.uri]
-                with _at(source.pos):
-                    self._identities[source.uri] = file.storage.identity(file.key)
             identity = self._identities[source.uri]
             pinned[path] = {
                 "uri": source.uri,
@@ -333,14 +538,50 @@ class Loads:
             }
         return pinned
 
-    def read(self, paths: Iterable[str] | None = None) -> dict[str, np.ndarray]:
-        """The named parameters' values (every ``:load`` one by default) as f32 arrays,
-        one ranged read per tensor, concurrently; then each file's header is read
-        again, so a file rewritten meanwhile is refused (``E-LOAD-005``)."""
-        wanted = [self.sources[p] for p in (self.sources if paths is None else paths)]
-        if not wanted:
-            return {}
+    def _identify_file(self, uri: str, reads: list[Source]) -> None:
+        """``uri``'s identity; a local file's in one pass that also reads ``reads``'
+        values into :attr:`_values`."""
+        file = self._files[uri]
+        first = next(s for s in self.sources.values() if s.uri == uri)
+        with _at(first.pos):
+            if file.path is None:
+                self._identities[uri] = file.storage.identity(file.key)
+                return
+            wanted = {}
+            for source in reads:
+                wanted.setdefault(source.tensor, source.pos)
+            identity, arrays = _one_pass(file, wanted)
+        self._identities[uri] = identity
+        handed: set[str] = set()
+        for source in reads:
+            # two parameters read from one tensor are two arrays: the trainer owns each
+            array = arrays[source.tensor]
+            self._values[source.path] = array.copy() if source.tensor in handed else array
+            handed.add(source.tensor)
 
+    def read(self, paths: Iterable[str] | None = None) -> dict[str, np.ndarray]:
+        """The named parameters' values (every ``:load`` one by default) as f32 arrays.
+
+        A local file not yet identified is read once, which gives its identity too
+        (:meth:`prefetch_identities` may have done it already); another is read with
+        one ranged read per tensor, concurrently, and then its header again, so a file
+        rewritten meanwhile is refused (``E-LOAD-005``). Values a pass read beyond
+        those asked for are dropped.
+        """
+        wanted = [self.sources[p] for p in (self.sources if paths is None else paths)]
+        self._join_prefetch()
+        values = {s.path: self._values.pop(s.path) for s in wanted if s.path in self._values}
+        for uri in dict.fromkeys(s.uri for s in wanted if s.path not in values):
+            if uri not in self._identities and self._files[uri].path is not None:
+                self._identify_file(uri, [s for s in wanted if s.uri == uri])
+                values.update((s.path, self._values.pop(s.path)) for s in wanted if s.uri == uri)
+        self._values.clear()
+        rest = [s for s in wanted if s.path not in values]
+        if rest:
+            values.update(self._read_ranges(rest))
+        return {s.path: values[s.path] for s in wanted}
+
+    def _read_ranges(self, wanted: list[Source]) -> dict[str, np.ndarray]:
         def one(source: Source) -> np.ndarray:
             with _at(source.pos):
                 return self._files[source.uri].read(source.tensor)
@@ -351,10 +592,7 @@ class Loads:
             file = self._files[uri]
             again = file.storage.read_range(file.key, 8, len(file.header_bytes))
             if again != file.header_bytes:
-                raise SexpError(
-                    f"{uri} changed while it was being read; run again once it is written",
-                    code=E_MOVED_UNDER,
-                )
+                raise _changed(uri)
         return values
 
 
