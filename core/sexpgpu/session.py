@@ -226,8 +226,6 @@ class Session:
         self.moved: list[str] = []
         """What moved since the checkpoint, one ``resumed from`` line each."""
         self.lowered: Lowered | None = None
-        self.loaded: dict[str, dict[str, Any]] = {}
-        """Each ``:load`` parameter's file identity, as a checkpoint pins it."""
 
     @classmethod
     def start(
@@ -312,6 +310,11 @@ class Session:
             ) from None
 
     @property
+    def loaded(self) -> dict[str, dict[str, Any]]:
+        """Each ``:load`` parameter's file identity, as a checkpoint pins it."""
+        return self.loads.identities()
+
+    @property
     def made(self) -> dict[str, str]:
         """The choices the run records (after :meth:`lower`)."""
         assert self.lowered is not None, "lower() first"
@@ -328,14 +331,16 @@ class Session:
         if self.checkpoint is None:
             trainer.init_params()
             trainer.set_params(self.loads.read())
-            self.loaded = self.loads.identities()
+            # a file's hash reads the arrays handed over: one the optimizer updates in
+            # place waits for it; a frozen teacher's goes on until a checkpoint pins it
+            if any(p.trainable for p in self.loads.params):
+                self.loads.identities()
             return []
         trainer.restore(self.checkpoint.params, self.checkpoint.states, stage=self.stage)
         # A checkpoint names its frozen :load parameters: read from their files again,
         # which must be the bytes the checkpoint's run read (E-LOAD-001).
         frozen = [p.path for p in self.program.params if p.load is not None and not p.trainable]
         trainer.set_params(self.loads.read(frozen))
-        self.loaded = self.loads.identities()
         moved = ckpt.compare_loads(self.checkpoint.experiment, self.loaded)
         return moved + self.choices.moved(self.made)
 

@@ -7,7 +7,9 @@ import hashlib
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -140,8 +142,9 @@ def test_two_parameters_read_from_one_tensor_are_two_arrays(tmp_path: Path) -> N
     )
     loads.check()
     values = loads.read()
-    values["model.a"][0] = 99.0  # the trainer of model.a updates it in place
-    np.testing.assert_array_equal(values["model.b"], np.arange(6, dtype=np.float32))
+    assert not np.shares_memory(values["model.a"], values["model.b"])
+    values["model.b"][0] = 99.0  # the second is a copy of its own, the trainer's to update
+    np.testing.assert_array_equal(values["model.a"], np.arange(6, dtype=np.float32))
 
 
 def test_a_file_that_changes_during_the_pass_is_refused(tmp_path: Path) -> None:
@@ -162,8 +165,9 @@ def test_a_file_that_changes_during_the_pass_is_refused(tmp_path: Path) -> None:
         return got
 
     counting.read_range_into = rewrite_after_the_first_chunk
+    loads.read()  # the values are read; the hash that pins them finds the change
     with pytest.raises(SexpError) as caught:
-        loads.read()
+        loads.identities()
     assert caught.value.code == "E-LOAD-005"
     assert caught.value.pos == POS
 
@@ -232,3 +236,46 @@ def test_a_run_reads_its_teacher_once(tmp_path: Path) -> None:
         tmp_path / "small", small
     )
     assert extra <= more < 1.25 * extra
+
+
+class _HeldSha256:
+    """sha256 whose every update waits for ``gate``: a hash far behind the read."""
+
+    gate = threading.Event()
+
+    def __init__(self) -> None:
+        self.inner = hashlib.sha256()
+
+    def update(self, data: memoryview) -> None:
+        self.gate.wait(30)
+        self.inner.update(data)
+
+    def hexdigest(self) -> str:
+        return self.inner.hexdigest()
+
+
+def test_a_trainable_loaded_parameter_is_hashed_before_its_trainer_may_change_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The hash reads the arrays the trainer was handed (no copy). A frozen one never
+    # changes; one the optimizer updates in place must be hashed first, or the pin
+    # would be of bytes the file never held.
+    from sexpgpu.checkpoint import hashing
+    from sexpgpu.session import Selection, Session, Target
+    from tests.catalogs import project
+
+    from .helpers import head_tensors, write_project
+
+    sx = write_project(tmp_path)
+    head = tmp_path / "head.safetensors"
+    save_file(head_tensors(dtype="float32"), str(head))  # f32: the trainer gets the array read
+    monkeypatch.setattr(hashing, "hashlib", SimpleNamespace(sha256=_HeldSha256))
+    _HeldSha256.gate.clear()
+    session = Session.start(project(), Selection(str(sx)), Target())
+    trainer = session.lower("cpu")
+    threading.Timer(0.5, _HeldSha256.gate.set).start()
+    session.fill()
+    with torch.no_grad():  # the optimizer's first update, in place
+        trainer.params["model.head"].add_(1.0)
+    pinned = session.loaded["model.head"]
+    assert pinned["version"] == "sha256:" + hashlib.sha256(head.read_bytes()).hexdigest()

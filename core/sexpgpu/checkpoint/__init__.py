@@ -27,8 +27,11 @@ shows, as data), :mod:`~sexpgpu.checkpoint.integrity` (CRC32C checksums),
 :mod:`~sexpgpu.checkpoint.tidy` (removing what cut-off writes left),
 :mod:`~sexpgpu.checkpoint.storage` (what the storage backends behind checkpoint
 locations share), :mod:`~sexpgpu.checkpoint.checkpointer` (a run's writes, off its step loop, and
-retention) and :mod:`~sexpgpu.checkpoint.loads` (the ``:load`` files of a program:
-checked, identified, read). The names below are the layer's public API.
+retention), :mod:`~sexpgpu.checkpoint.evaluated` (what a follower has evaluated,
+and what retention keeps for it), :mod:`~sexpgpu.checkpoint.verify` (``--verify``),
+:mod:`~sexpgpu.checkpoint.loads` (the ``:load`` files of a program: checked,
+identified, read) and :mod:`~sexpgpu.checkpoint.hashing` (a local one read once
+while a thread hashes it). The names below are the layer's public API.
 """
 
 from __future__ import annotations

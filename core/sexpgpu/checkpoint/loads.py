@@ -21,15 +21,13 @@ Torch-free: ``sexpgpu check`` reads headers through this module too.
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import math
 import os
 import stat
 import threading
-from collections import deque
 from collections.abc import Iterable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import pairwise
 from typing import TYPE_CHECKING, Any
@@ -37,8 +35,9 @@ from urllib.parse import unquote, urlparse
 
 import numpy as np
 
+from sexpgpu.checkpoint.hashing import Hashing, changed, read_into, stat_of
 from sexpgpu.checkpoint.keys import is_count
-from sexpgpu.checkpoint.storage import NO_SUCH_LOCATION, READ_FAILED, scheme_of
+from sexpgpu.checkpoint.storage import NO_SUCH_LOCATION, scheme_of
 from sexpgpu.errors import Pos, SexpError, SourceError, StorageError
 from sexpgpu.extension import ObjectIdentity
 
@@ -54,8 +53,6 @@ E_NO_TENSOR = "E-LOAD-003"
 """A tensor name the file does not hold."""
 E_MISMATCH = "E-LOAD-004"
 """A tensor whose shape or dtype the parameter cannot take."""
-E_MOVED_UNDER = "E-LOAD-005"
-"""A file that changed while the run was reading it."""
 
 MAX_HEADER = 100_000_000
 """A header longer than this is not a safetensors file (the format's own limit)."""
@@ -65,11 +62,6 @@ _ITEMSIZE = {"F32": 4, "F16": 2, "BF16": 2}
 _INTEGERS = {"I8", "I16", "I32", "I64", "U8", "U16", "U32", "U64", "BOOL"}
 _READERS = 16
 """Concurrent ranged reads; a bucket serves each tensor as its own request."""
-_CHUNK = 8 << 20
-"""Bytes per read of a local file's one pass: few calls, and a chunk is still in the
-processor's cache when the hashing thread takes it."""
-_HASHING = 2
-"""Chunks handed to the hashing thread and not yet hashed, at most."""
 
 
 @dataclass(frozen=True)
@@ -278,20 +270,24 @@ def _kind(mode: int) -> str:
 
 def _one_pass(
     file: SafetensorsFile, wanted: Mapping[str, Pos]
-) -> tuple[ObjectIdentity, dict[str, np.ndarray]]:
-    """A local file read once, front to back: its size and ``sha256:<hex>`` (the
-    identity the spec pins a local file by, the same as the local backend's) and the
-    tensors ``wanted`` as f32 (by name; each with the position blamed when the file
-    is too short for it).
+) -> tuple[Hashing, dict[str, np.ndarray]]:
+    """A local file read once, front to back: the tensors ``wanted`` as f32 (by name;
+    each with the position blamed when the file is too short for it), and its
+    identity, ``sha256:<hex>`` and size (the spec pins a local file by it, as the
+    local backend does), still being hashed when this returns.
 
     Each chunk is read straight into its tensor's array, or into a scratch buffer
-    between tensors, and hashed on a second thread while the next one is read:
-    hashlib and the read both let go of the GIL, so the two overlap, and the hash
-    reads the bytes from the cache the read left them in. A file whose header is no
-    longer the one checked, or that changes while it is read, is ``E-LOAD-005``.
+    between tensors, and handed to a thread that hashes the file in order. The read
+    does not wait for the hash (sha256 is slower than a read from the page cache),
+    only for scratch buffers to come back, so the values are ready at the read's
+    speed. The hash reads the f32 arrays after they are handed over: nothing may
+    change one before :meth:`Loads.identities` returns (a run waits for it before
+    training a loaded parameter; a frozen one never changes). A file whose header is
+    no longer the one checked, or that changes before it is hashed, is
+    ``E-LOAD-005``, from :meth:`Hashing.result`.
     """
     assert file.path is not None
-    before = _stat(file)
+    before = stat_of(file)
     arrays: dict[str, np.ndarray] = {}
     plan: list[tuple[int, memoryview | None]] = []
     for name in sorted(wanted, key=lambda n: file.tensors[n].start):
@@ -307,78 +303,18 @@ def _one_pass(
         if entry.length:
             plan.append((entry.start, memoryview(array.reshape(-1).view(np.uint8))))
     plan.append((before.st_size, None))
-    digest = hashlib.sha256()
-    _read_and_hash(file, plan, digest)
-    if _moved(before, _stat(file)):
-        raise _changed(file.uri)
+    hashing = Hashing(file, before)
+    try:
+        read_into(file, plan, hashing)
+    except BaseException:
+        hashing.stop()
+        raise
+    hashing.finish()
     values = {
         name: array if file.tensors[name].dtype == "F32" else to_f32(array, file.tensors[name])
         for name, array in arrays.items()
     }
-    return ObjectIdentity(size=before.st_size, version=f"sha256:{digest.hexdigest()}"), values
-
-
-def _read_and_hash(
-    file: SafetensorsFile, plan: list[tuple[int, memoryview | None]], digest: Any
-) -> None:
-    """Read ``file`` up to the last place in ``plan`` (``(start, where its bytes go)``,
-    in file order; ``None`` for the end), feeding every byte to ``digest`` in order."""
-    into = file.storage.read_range_into  # type: ignore[attr-defined]
-    expected = len(file.header_bytes).to_bytes(8, "little") + file.header_bytes
-    # One more scratch buffer than can be waiting, being hashed, and being read into.
-    scratch = [np.empty(_CHUNK, np.uint8) for _ in range(_HASHING + 2)]
-    hashing: deque[Future[None]] = deque()
-    offset, turn = 0, 0
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="sexpgpu-sha256") as hasher:
-
-        def read(view: memoryview) -> None:
-            nonlocal offset
-            if into(file.key, offset, view) != len(view):
-                raise _changed(file.uri)  # shorter than it was a moment ago
-            hashing.append(hasher.submit(digest.update, view))
-            while len(hashing) > _HASHING:
-                hashing.popleft().result()
-            offset += len(view)
-
-        for start, target in plan:
-            while offset < start:  # bytes no tensor wanted: the header, other tensors
-                view = memoryview(scratch[turn % len(scratch)])[: min(_CHUNK, start - offset)]
-                turn += 1
-                at = offset
-                read(view)
-                if at < len(expected):
-                    seen = min(len(view), len(expected) - at)
-                    if view[:seen] != expected[at : at + seen]:
-                        raise _changed(file.uri)
-            if target is not None:
-                for at in range(0, len(target), _CHUNK):
-                    read(target[at : at + _CHUNK])
-        while hashing:
-            hashing.popleft().result()
-
-
-def _stat(file: SafetensorsFile) -> os.stat_result:
-    assert file.path is not None
-    try:
-        return os.stat(file.path)
-    except FileNotFoundError:
-        raise SexpError(f"{file.uri} was removed", code=NO_SUCH_LOCATION) from None
-    except OSError as exc:
-        raise SexpError(
-            f"cannot read {file.uri}: {exc.strerror or type(exc).__name__}", code=READ_FAILED
-        ) from None
-
-
-def _moved(before: os.stat_result, after: os.stat_result) -> bool:
-    fields = ("st_dev", "st_ino", "st_size", "st_mtime_ns")
-    return any(getattr(before, f) != getattr(after, f) for f in fields)
-
-
-def _changed(uri: str) -> SexpError:
-    return SexpError(
-        f"{uri} changed while it was being read; run again once it is written",
-        code=E_MOVED_UNDER,
-    )
+    return hashing, values
 
 
 @dataclass(frozen=True)
@@ -403,7 +339,7 @@ class Loads:
         self._open_location = open_location
         self._files: dict[str, SafetensorsFile] = {}
         self._indexes: dict[str, dict[str, str]] = {}
-        self._identities: dict[str, ObjectIdentity] = {}
+        self._identities: dict[str, ObjectIdentity | Hashing] = {}
         self._values: dict[str, np.ndarray] = {}
         """Values a file's one pass read, by parameter path, until :meth:`read` takes them."""
         self._prefetch: threading.Thread | None = None
@@ -488,8 +424,9 @@ class Loads:
 
     def prefetch_identities(self) -> None:
         """Start reading the files in the background (after :meth:`check`): a local
-        file in one pass that hashes it (its identity is its sha256) and reads every
-        tensor the program names in it, for :meth:`read` to hand over; another file's
+        file in one pass that reads every tensor the program names in it, for
+        :meth:`read` to hand over, and hashes it (its identity is its sha256; the hash
+        goes on after the read, until :meth:`identities` asks for it); another file's
         identity with one request. Done while the run lowers its program, it costs no
         wall time. A daemon thread, so a run that stops early does not wait for it.
         """
@@ -516,20 +453,15 @@ class Loads:
     def identities(self) -> dict[str, dict[str, Any]]:
         """Each ``:load`` parameter's ``{"uri", "tensor", "size", "version"}``, as a
         checkpoint pins it (``uri`` as the program names it, a link's too); a file's
-        identity is read once per run."""
+        identity is read once per run, a local file's hash waited for."""
         self._join_prefetch()
-        return self._identify()
-
-    def _identify(self, keep: bool = False) -> dict[str, dict[str, Any]]:
-        """Every file's identity, read once; with ``keep``, a local file's pass also
-        keeps the values of every parameter read from it."""
-        for uri in dict.fromkeys(source.uri for source in self.sources.values()):
-            if uri not in self._identities:
-                reads = [s for s in self.sources.values() if s.uri == uri] if keep else []
-                self._identify_file(uri, reads)
+        self._identify()
         pinned = {}
         for path, source in self.sources.items():
             identity = self._identities[source.uri]
+            if isinstance(identity, Hashing):
+                with _at(source.pos):
+                    identity = self._identities[source.uri] = identity.result()
             pinned[path] = {
                 "uri": source.uri,
                 "tensor": source.tensor,
@@ -537,6 +469,14 @@ class Loads:
                 "version": identity.version,
             }
         return pinned
+
+    def _identify(self, keep: bool = False) -> None:
+        """Start each file's identity, once; with ``keep``, a local file's pass also
+        keeps the values of every parameter read from it."""
+        for uri in dict.fromkeys(source.uri for source in self.sources.values()):
+            if uri not in self._identities:
+                reads = [s for s in self.sources.values() if s.uri == uri] if keep else []
+                self._identify_file(uri, reads)
 
     def _identify_file(self, uri: str, reads: list[Source]) -> None:
         """``uri``'s identity; a local file's in one pass that also reads ``reads``'
@@ -592,7 +532,7 @@ class Loads:
             file = self._files[uri]
             again = file.storage.read_range(file.key, 8, len(file.header_bytes))
             if again != file.header_bytes:
-                raise _changed(uri)
+                raise changed(uri)
         return values
 
 
