@@ -471,7 +471,6 @@ class CheckpointOpener:
         loads = Loads.of(program, self.catalog.open_location)
         loads.check()
         frozen = [p.path for p in program.params if p.load is not None and not p.trainable]
-        moved = compare_loads(experiment, loads.identities())
-        if frozen:
+        if frozen:  # first: a local file's one pass reads them and hashes it
             trainer.set_params(loads.read(frozen))
-        return moved
+        return compare_loads(experiment, loads.identities())

@@ -199,7 +199,8 @@ BIG_PROGRAM = """\
   (forward (tokens) (matmul (take embed tokens) head)))
 (defdata train (arithmetic :digits 3) :seq 16 :batch 2)
 (defrun once :model (net 32 8 {n}) :data train :loss (cross-entropy (model inputs) targets)
-  :optimizer (sgd :lr 0.1) :steps 1 :seed 1)
+  :optimizer (sgd :lr 0.1) :steps 1 :seed 1
+  :evals ((eval probe :every 1 :batches 1 :metrics (loss))))
 """
 COUNTING_SEXPGPU = """\
 import atexit, sys
@@ -209,12 +210,10 @@ main()
 """
 
 
-def bytes_a_run_reads(folder: Path, n: int) -> int:
-    folder.mkdir()
-    save_file({"big": np.ones(n, np.float32)}, str(folder / "big.safetensors"))
-    (folder / "big.sx").write_text(BIG_PROGRAM.format(n=n))
+def bytes_read(folder: Path, *args: str) -> int:
+    """What ``sexpgpu ARGS`` in ``folder`` read, its page cache's bytes included."""
     done = subprocess.run(
-        [sys.executable, "-c", COUNTING_SEXPGPU, "run", "big.sx", "--metrics-dir", "metrics"],
+        [sys.executable, "-c", COUNTING_SEXPGPU, *args, "--metrics-dir", "metrics"],
         cwd=folder,
         env=sexpgpu_env(),
         capture_output=True,
@@ -226,6 +225,13 @@ def bytes_a_run_reads(folder: Path, n: int) -> int:
     return int(line.split()[1])
 
 
+def bytes_a_run_reads(folder: Path, n: int) -> int:
+    folder.mkdir()
+    save_file({"big": np.ones(n, np.float32)}, str(folder / "big.safetensors"))
+    (folder / "big.sx").write_text(BIG_PROGRAM.format(n=n))
+    return bytes_read(folder, "run", "big.sx", "--checkpoint-dir", "ckpt")
+
+
 def test_a_run_reads_its_teacher_once(tmp_path: Path) -> None:
     # Two runs alike but for the size of the file; what the second reads beyond the
     # first is that file's extra bytes once (the sha256 and the tensor from one
@@ -234,6 +240,11 @@ def test_a_run_reads_its_teacher_once(tmp_path: Path) -> None:
     extra = (large - small) * 4
     more = bytes_a_run_reads(tmp_path / "large", large) - bytes_a_run_reads(
         tmp_path / "small", small
+    )
+    assert extra <= more < 1.25 * extra
+    # and so does evaluate, which reads the frozen teacher the checkpoint pins
+    more = bytes_read(tmp_path / "large", "evaluate", "ckpt/latest") - bytes_read(
+        tmp_path / "small", "evaluate", "ckpt/latest"
     )
     assert extra <= more < 1.25 * extra
 
