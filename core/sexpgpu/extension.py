@@ -43,6 +43,7 @@ PUBLIC_API: Mapping[str, tuple[str, ...] | None] = {
         "location_of",
         "parse_step_key",
         "read_experiment",
+        "step_key",
     ),
     "sexpgpu.checkpoint.evaluated": None,
     # a storage backend

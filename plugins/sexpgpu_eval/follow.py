@@ -17,7 +17,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sexpgpu.checkpoint import EXPERIMENT_FILE, location_of, parse_step_key, read_experiment
+from sexpgpu.checkpoint import (
+    EXPERIMENT_FILE,
+    location_of,
+    parse_step_key,
+    read_experiment,
+    step_key,
+)
 from sexpgpu.checkpoint.evaluated import (
     EVALUATED_FILE,
     due_passes,
@@ -282,7 +288,7 @@ class _Gaps:
         if not owed or step in self.missed:
             return
         self.missed.append(step)
-        where = location_of(self.storage, f"step-{step:08d}")
+        where = location_of(self.storage, step_key(step))
         self.evaluation.log.warning(
             "checkpoint deleted before it was evaluated", checkpoint=where, passes=owed
         )

@@ -128,3 +128,13 @@ def test_a_second_eval_pass_runner_is_a_conflict_naming_both(tmp_path):
     assert "'eval' (sexpgpu 0.1.0) and 'runner' (sexpgpu-runner 0.1)" in result.stderr
     listed = run_sexpgpu("plugins", cwd=tmp_path / "w", env=env)
     assert "eval-pass runner" in listed.stdout + listed.stderr
+
+
+def test_a_huge_evaluated_json_is_refused_from_its_first_bytes(tmp_path):
+    # a sparse file of 4 GB: read whole, it would take 4 GB of memory
+    with open(tmp_path / "evaluated.json", "wb") as f:
+        f.truncate(4 << 30)
+    with pytest.raises(CheckpointError) as caught:
+        read_evaluated(open_location(str(tmp_path)))
+    assert caught.value.code == "E-EVAL-003"
+    assert "it is over 67108864 bytes" in str(caught.value)

@@ -19,7 +19,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from sexpgpu.checkpoint.keys import location_of
+from sexpgpu.checkpoint.keys import is_count, location_of
 from sexpgpu.checkpoint.storage import NO_SUCH_LOCATION
 from sexpgpu.errors import CheckpointError, StorageError
 
@@ -53,13 +53,14 @@ def read_evaluated(storage: Storage) -> dict[str, list[int]] | None:
     not a pass -> steps object is :data:`E_EVALUATED`, never a silent start from nothing."""
     where = location_of(storage, EVALUATED_FILE)
     try:
-        data = storage.read(EVALUATED_FILE)
+        # one byte past the bound is enough to refuse it: never the whole of a huge file
+        data = storage.read_range(EVALUATED_FILE, 0, _MOST_BYTES + 1)
     except StorageError as error:
         if error.code == NO_SUCH_LOCATION:
             return None
         raise
     if len(data) > _MOST_BYTES:
-        raise CheckpointError(_corrupt(where, f"it is {len(data)} bytes"), code=E_EVALUATED)
+        raise CheckpointError(_corrupt(where, f"it is over {_MOST_BYTES} bytes"), code=E_EVALUATED)
     try:
         record = json.loads(data)
     except (ValueError, UnicodeDecodeError) as error:
@@ -69,17 +70,13 @@ def read_evaluated(storage: Storage) -> dict[str, list[int]] | None:
     except RecursionError:
         raise CheckpointError(_corrupt(where, "it is nested too deep"), code=E_EVALUATED) from None
     if not isinstance(record, dict) or not all(
-        isinstance(steps, list) and all(_is_step(s) for s in steps) for steps in record.values()
+        isinstance(steps, list) and all(is_count(s) and s < 2**63 for s in steps)
+        for steps in record.values()
     ):
         raise CheckpointError(
             _corrupt(where, 'it is not {"pass": [step, ...], ...}'), code=E_EVALUATED
         )
     return {str(name): sorted(set(steps)) for name, steps in record.items()}
-
-
-def _is_step(value: object) -> bool:
-    # a bool is an int to Python, and no step; a step is a signed 64-bit integer
-    return type(value) is int and 0 <= value < 2**63
 
 
 def _corrupt(where: str, why: str) -> str:
