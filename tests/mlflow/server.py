@@ -5,8 +5,10 @@ group, stopped (and started again, on the same port) by its PID. The test proces
 never imports mlflow (its client would leave threads behind): `sexpgpu`
 subprocesses write, ``urllib`` reads.
 
-``mlflow_server`` is module-scoped (``tests/mlflow/conftest.py``): each test module
-gets a server of its own, so one module's MLflow experiments never meet another's.
+``mlflow_server`` is package-scoped (``tests/mlflow/conftest.py``): the MLflow tests
+share one server, started once (some 8 s of CPU), and run on one worker one after
+another. Each test reports into experiments of its own names (the ``.sx`` run's
+name is the experiment), so no test reads another's runs.
 """
 
 from __future__ import annotations
@@ -118,9 +120,9 @@ def tags(run: dict) -> dict[str, str]:
     return {t["key"]: t["value"] for t in run["data"].get("tags", [])}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
-    """A running MLflow server for the module, stopped at its end."""
+    """A running MLflow server for the MLflow tests, stopped after the last."""
     server = MlflowServer(tmp_path_factory.mktemp("mlflow"), free_port())
     server.start()
     try:

@@ -61,8 +61,11 @@ def test_a_password_in_the_tracking_uri_is_not_shown_by_a_run_the_server_takes(
     mlflow_server, tmp_path
 ):
     uri = f"http://sx-user:{PASSWORD}@{LOOPBACK}:{mlflow_server.port}"
+    # an experiment of this test's own on the shared server (tests/mlflow/server.py)
+    program = tmp_path / "credentials.sx"
+    program.write_text(SMALL.read_text().replace("(defrun small", "(defrun credentials", 1))
     run = run_sexpgpu(
-        "run", SMALL, "--steps", "20", "--checkpoint-dir", "ck", "--metrics-dir", "m", *SINKS,
+        "run", program, "--steps", "20", "--checkpoint-dir", "ck", "--metrics-dir", "m", *SINKS,
         cwd=tmp_path, env=_env(uri),
     )  # fmt: skip
     assert run.returncode == 0, run.stderr
@@ -74,7 +77,7 @@ def test_a_password_in_the_tracking_uri_is_not_shown_by_a_run_the_server_takes(
     for result in (run, evaluate):
         (line,) = [e for e in _logged(result.stderr) if e["event"] == "mlflow run"]
         assert line["tracking_uri"] == f"http://***@{LOOPBACK}:{mlflow_server.port}"
-    (mlflow_run,) = mlflow_server.runs("small")
+    (mlflow_run,) = mlflow_server.runs("credentials")
     assert len(mlflow_server.history(mlflow_run["info"]["run_id"], "loss")) == 20
     _wrote_every_sink(tmp_path)
     _assert_shown_nowhere(tmp_path, run, evaluate)
