@@ -62,6 +62,12 @@ if "PYTEST_XDIST_WORKER" not in os.environ:  # the controller, or a run without 
 os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
 os.environ.setdefault("NO_GCE_CHECK", "True")
 
+# Two xdist workers already fill a small machine's cores; inductor's pool of compile
+# workers would start interpreters that import torch (about 13 s of CPU per cold
+# compile of a small transformer here) to compile in parallel on cores that are busy.
+# The generated code and its bits do not depend on it.
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+
 PROJECT_DISTRIBUTION = "sexpgpu"
 ISOLATION_VARIABLE = "SEXPGPU_DISABLE_DISTRIBUTIONS"
 
