@@ -11,8 +11,10 @@ again and reports what is wrong in its place.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 
 from sexpgpu.catalog import Catalog
+from sexpgpu.extension import LoweringInfo
 from sexpgpu.session import Target, recorded_choices
 
 
@@ -26,17 +28,13 @@ def prepare_environment(
     """Set, in ``os.environ``, what the lowering's libraries must start with to take
     this run's pinned choices (a resume's record, the user's requests); returns it."""
     from sexpgpu.errors import SexpError
-    from sexpgpu.kernels import choose_lowering, device_kind
-    from sexpgpu.plugin_supplies import defaults_of
 
     recorded = checkpoint_choices(catalog, resume, checkpoint_dir) if resume else None
+    if recorded is None and target.bundled is not None:
+        recorded = dict(target.bundled)
     try:
         choices = target.choices(None, recorded)
-        lowerings = catalog.lowerings()
-        info = choose_lowering(lowerings, device=target.device, choices=choices)
-        if info is None:
-            kind = device_kind(target.device)
-            info = next((i for i in lowerings if kind in defaults_of(i)), None)
+        info = lowering_for(catalog, target, recorded)
         if info is None or info.environment is None:
             return {}
         env = dict(info.environment(choices.pins()))
@@ -70,3 +68,19 @@ def checkpoint_choices(
     except (SexpError, OSError):
         return None
     return recorded_choices(experiment, catalog)
+
+
+def lowering_for(
+    catalog: Catalog, target: Target, recorded: Mapping[str, str] | None = None
+) -> LoweringInfo | None:
+    """The lowering a run of ``target`` takes (``--lowering``, a pinned record, else the
+    device kind's default), known before anything imports its libraries."""
+    from sexpgpu.kernels import choose_lowering, device_kind
+    from sexpgpu.plugin_supplies import defaults_of
+
+    lowerings = catalog.lowerings()
+    info = choose_lowering(lowerings, device=target.device, choices=target.choices(None, recorded))
+    if info is None:
+        kind = device_kind(target.device)
+        info = next((i for i in lowerings if kind in defaults_of(i)), None)
+    return info

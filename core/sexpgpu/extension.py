@@ -262,6 +262,12 @@ class LoweringInfo:
     these pinned choices (``OMP_NUM_THREADS`` for a thread count): ``sexpgpu run``
     sets them before anything imports those libraries, since some read their
     settings only once, when they start. Must not import them."""
+    compile_cache: Callable[[str], Mapping[str, str]] | None = None
+    """The environment variables that make the lowering's compiler keep its caches
+    (compiled kernels and the decisions behind them) in a folder. ``sexpgpu bundle``
+    compiles into an empty one and ships it; a run from the bundle compiles from its
+    copy, loading the same kernels instead of choosing again. ``None``: the lowering
+    compiles nothing. Must not import the compiler."""
 
 
 # ---------------------------------------------------------------- kernels

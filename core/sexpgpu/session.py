@@ -91,6 +91,8 @@ class Target:
     requests: Mapping[str, str] = field(default_factory=dict)
     options: Mapping[str, str] = field(default_factory=dict)
     fresh: bool = False
+    bundled: Mapping[str, str] | None = None
+    """The choices a bundle recorded: pinned on a fresh start as a checkpoint's are."""
 
     def choices(self, program: Program | None, recorded: Mapping[str, str] | None) -> Choices:
         """The run's :class:`Choices` against a checkpoint's ``recorded`` ones (``None``
@@ -265,6 +267,8 @@ class Session:
                 state_names=state_names_for(program, session.stage, catalog),
             )
             recorded = recorded_choices(experiment, catalog)
+        if recorded is None and target.bundled is not None:
+            recorded = dict(target.bundled)
         session.choices = target.choices(program, recorded)
         return session
 

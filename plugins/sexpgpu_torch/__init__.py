@@ -60,6 +60,12 @@ def join_group(device: str) -> Any:
     return join(device)
 
 
+def compile_cache(folder: str) -> dict[str, str]:
+    """``LoweringInfo.compile_cache`` of the compiled lowering: inductor's caches (its
+    FX graphs, AOTAutograd's, the built C++ kernels) and Triton's kernels in ``folder``."""
+    return {"TORCHINDUCTOR_CACHE_DIR": folder, "TRITON_CACHE_DIR": f"{folder}/triton"}
+
+
 @hookimpl
 def sexpgpu_unavailable() -> str | None:
     """Unavailable without torch (looked up, not imported)."""
@@ -90,6 +96,7 @@ def sexpgpu_lowerings() -> list[LoweringInfo]:
             environment=starting_environment,  # torch's own settings, as eager's are
             doc="torch.compile (inductor) of every graph: loss and backward, update, eval",
             default_for=("cuda",),
+            compile_cache=compile_cache,
         ),
     ]
 

@@ -2,6 +2,7 @@
 
 BUILTIN_COMMANDS = {
     "run": "sexpgpu_cli.commands.run:run",
+    "bundle": "sexpgpu_cli.commands.bundle:bundle",
     "check": "sexpgpu_cli.commands.check:check",
     "compile": "sexpgpu_cli.commands.check:compile_",
     "checkpoint": "sexpgpu_cli.commands.checkpoint:checkpoint",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import click
 
@@ -131,6 +132,7 @@ def run(
     log_every: str,
 ) -> None:
     """Train FILE, checkpointing to --checkpoint-dir and resuming with --resume."""
+    from sexpgpu.bundle.opening import is_bundle
     from sexpgpu.session import Selection, Target
     from sexpgpu_cli.environment import prepare_environment
     from sexpgpu_cli.launch import Worker, in_worker, launch
@@ -144,6 +146,12 @@ def run(
         sys.exit(
             launch(sys.argv[1:], devices=devices or 1, max_restarts=max_restarts, device=device)
         )
+    bundled = _open_bundle(file, fresh=choices == "fresh") if is_bundle(file) else None
+    if bundled is not None:
+        file = bundled.main
+        sets = (*(f"{k}={v}" for k, v in bundled.sets.items()), *sets)
+        variant = variant or bundled.variant
+        steps = steps or bundled.steps
     target = Target(
         device=device,
         lowering=lowering or None,
@@ -152,6 +160,7 @@ def run(
         requests={} if threads is None else {THREADS: str(threads)},
         options={THREADS: "--threads"},
         fresh=choices == "fresh",
+        bundled=None if bundled is None else bundled.choices,
     )
     # First, before torch is imported: ATen and MKL read their settings when they start.
     prepare_environment(
@@ -184,3 +193,44 @@ def run(
     if message:
         click.echo(f"sexpgpu run: {message}", err=True)
     sys.exit(code)
+
+
+def _open_bundle(name: str, *, fresh: bool) -> Any:
+    """The bundle ``name`` unpacked into a folder that lasts as long as this process,
+    its versions and data checked against this machine's (versions: unless fresh)."""
+    import atexit
+    import os
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from sexpgpu.bundle.opening import (
+        check_data,
+        installed_versions,
+        pinned_libraries,
+        refuse_versions,
+        unpack,
+        version_differences,
+    )
+
+    plugins = catalog()
+    folder = Path(tempfile.mkdtemp(prefix="sexpgpu-bundle-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    unpacked = unpack(name, folder / "unpacked", plugins.open_location)
+    here = installed_versions(
+        {r.name: r.version for r in plugins.records if r.available and not r.disabled}
+    )
+    recorded = unpacked.manifest["versions"]
+    compared = pinned_libraries(unpacked.manifest["choices"])
+    differences = version_differences(recorded, here, compared=compared)
+    if differences and not fresh:
+        raise refuse_versions(name, differences)
+    check_data(name, unpacked.manifest)
+    compiled = unpacked.manifest["compiled"]
+    if compiled and not fresh:
+        # the bundle's compiled kernels, read by the compiler instead of choosing again
+        lowering = unpacked.choices.get("lowering")
+        info = next((i for i in plugins.lowerings() if i.name == lowering), None)
+        if info is not None and info.compile_cache is not None:
+            os.environ.update(info.compile_cache(str(folder / "unpacked" / compiled["folder"])))
+    return unpacked

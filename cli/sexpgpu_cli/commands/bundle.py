@@ -1,0 +1,198 @@
+"""``sexpgpu bundle``: one file that replays a run on another machine (docs/bundle.md)."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import click
+
+from sexpgpu_cli.group import catalog
+from sexpgpu_cli.options import parse_sets
+
+
+@click.command("bundle")
+@click.argument("file", required=False, type=click.Path(dir_okay=False))
+@click.option("-o", "--output", metavar="NAME.sxb", help="The bundle to write.")
+@click.option(
+    "--show", "shown", metavar="NAME.sxb", help="Print a bundle's manifest; write nothing."
+)
+@click.option("--set", "sets", multiple=True, metavar="NAME=VALUE", help="Set a knob (repeatable).")
+@click.option("--steps", type=click.IntRange(min=1), help="Set the knob `steps`.")
+@click.option("--variant", help="Take a variant's knob values.")
+@click.option("--device", default="cpu", show_default=True, help="cpu, cuda or cuda:N.")
+@click.option("--lowering", metavar="NAME", help="The lowering by name (torch, compiled).")
+@click.option(
+    "--choose", "requests", multiple=True, metavar="SITE=KERNEL", help="As `sexpgpu run`'s."
+)
+@click.option(
+    "--with-data",
+    is_flag=True,
+    help="Copy the program's local data files in; otherwise each is recorded by path, "
+    "size and sha256 and checked when the bundle runs.",
+)
+def bundle(
+    file: str | None,
+    output: str | None,
+    shown: str | None,
+    sets: tuple[str, ...],
+    steps: int | None,
+    variant: str | None,
+    device: str,
+    lowering: str | None,
+    requests: tuple[str, ...],
+    with_data: bool,
+) -> None:
+    """Write FILE, its includes, :load files, selection, choices and versions into one
+    file, -o NAME.sxb, that `sexpgpu run NAME.sxb` replays."""
+    from sexpgpu.errors import UsageError
+
+    if shown is not None:
+        if file is not None or output is not None:
+            raise UsageError("--show takes a bundle and nothing else")
+        _show(shown)
+        return
+    if file is None or output is None:
+        raise UsageError("sexpgpu bundle FILE.sx -o NAME.sxb (or --show NAME.sxb)")
+    if not output.endswith(".sxb"):
+        raise UsageError(f"a bundle's name ends with .sxb, got '{output}'")
+    manifest = _make(
+        file,
+        output,
+        sets=parse_sets(sets),
+        steps=steps,
+        variant=variant,
+        device=device,
+        lowering=lowering,
+        requests=requests,
+        with_data=with_data,
+    )
+    size = sum(m["size"] for m in manifest["members"].values())
+    click.echo(f"wrote {output}: {len(manifest['members'])} files, {size} bytes")
+
+
+def _make(
+    file: str, output: str, *, sets: dict[str, str], steps: int | None, variant: str | None,
+    device: str, lowering: str | None, requests: tuple[str, ...], with_data: bool,
+) -> dict[str, Any]:  # fmt: skip
+    from sexpgpu.bundle.archive import write_bundle
+    from sexpgpu.bundle.make import gather
+    from sexpgpu.bundle.opening import installed_versions, machine_kind
+    from sexpgpu.checkpoint.records import jsonable
+    from sexpgpu.session import Selection, Session, Target
+    from sexpgpu_cli.environment import prepare_environment
+    from sexpgpu_cli.options import parse_requests
+
+    plugins = catalog()
+    target = Target(device=device, lowering=lowering or None, choose=parse_requests(requests))
+    cache = _compile_into_a_new_cache(plugins, target)
+    prepare_environment(plugins, target, resume=None, checkpoint_dir=None)
+    selection = Selection(file, sets=sets, variant=variant, steps=steps)
+    session = Session.start(plugins, selection, target)
+    trainer = session.lower(device)
+    seconds = trainer.warm_up()  # a compiling lowering compiles every graph now
+    program = session.program
+    loads = {p.load.uri for p in program.params if p.load is not None}
+    loads |= {source.uri for source in session.loads.sources.values()}
+    contents = gather(program, loads=loads, data=_data_paths(program, plugins), with_data=with_data)
+    used = {r.name: r.version for r in plugins.records if r.available and not r.disabled}
+    manifest = {
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "main": contents.main,
+        "sources": contents.sources,
+        "loads": contents.loads,
+        "data_files": contents.data,
+        "selection": {
+            "variant": program.variant,
+            "sets": sets,
+            "steps": steps,
+            "knobs": [
+                {"name": k.name, "value": jsonable(k.value), "source": k.source}
+                for k in program.knobs
+            ],
+        },
+        "choices": dict(sorted(session.made.items())),
+        "versions": installed_versions(used),
+        "machine": machine_kind(session.made),
+        "compiled": None,
+    }
+    members = dict(contents.members)
+    if cache is not None and seconds is not None:
+        files = _cache_files(cache)
+        members.update(files)
+        size = sum(path.stat().st_size for path in files.values())
+        manifest["compiled"] = {
+            "folder": COMPILED, "files": len(files), "size": size, "seconds": seconds
+        }  # fmt: skip
+    try:
+        return write_bundle(output, manifest, members)
+    finally:
+        if cache is not None:
+            shutil.rmtree(cache, ignore_errors=True)
+
+
+COMPILED = "compiled"
+"""The member folder of the lowering's compile caches."""
+
+
+def _compile_into_a_new_cache(plugins: Any, target: Any) -> Path | None:
+    """For a lowering that compiles: an empty folder its compiler keeps its caches in
+    (set in the environment before the compiler starts), so that the bundle holds all
+    of this program's compiled kernels, and nothing else of this machine's caches."""
+    from sexpgpu_cli.environment import lowering_for
+
+    info = lowering_for(plugins, target)
+    if info is None or info.compile_cache is None:
+        return None
+    folder = Path(tempfile.mkdtemp(prefix="sexpgpu-compile-"))
+    os.environ.update(info.compile_cache(str(folder)))
+    return folder
+
+
+def _cache_files(folder: Path) -> dict[str, Path]:
+    """The files of a compile cache folder as bundle members (its lock files left out)."""
+    return {
+        f"{COMPILED}/{path.relative_to(folder).as_posix()}": path
+        for path in sorted(folder.rglob("*"))
+        if path.is_file()
+        and not path.is_symlink()
+        and "locks" not in path.relative_to(folder).parts
+    }
+
+
+def _data_paths(program: Any, plugins: Any) -> list[str]:
+    """The files the program's data sources read (their ``path_options``)."""
+    decls = [stage.data for stage in program.stages] + [p.data for p in program.evals]
+    paths = []
+    for decl in decls:
+        info = plugins.data_source(decl.source)
+        for option in info.path_options:
+            value = decl.options.get(option)
+            if isinstance(value, str) and value:
+                paths.append(value)
+    return paths
+
+
+def _show(name: str) -> None:
+    from sexpgpu.bundle.archive import describe, read_manifest
+
+    if "://" in name and not name.startswith("file://"):
+        import tempfile
+        from pathlib import Path
+
+        from sexpgpu.bundle.opening import _fetch
+
+        with tempfile.TemporaryDirectory(prefix="sexpgpu-bundle-") as folder:
+            local = str(Path(folder) / "bundle.sxb")
+            _fetch(name, local, catalog().open_location)
+            manifest = read_manifest(local)
+    else:
+        manifest = read_manifest(name.removeprefix("file://"))
+    for line in describe(manifest):
+        click.echo(line)
+    sys.stdout.flush()

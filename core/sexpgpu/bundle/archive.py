@@ -1,0 +1,557 @@
+"""The on-disk format of a bundle (``NAME.sxb``): one zip file holding ``manifest.json``
+first, then the member files it lists, each with its size and sha256.
+
+Reading trusts nothing in the file: member names are checked before anything is
+written, the manifest is read bounded and checked against :data:`MANIFEST_SCHEMA`,
+unpacked bytes are hashed and counted against a bound as they stream, and every way
+a hostile zip makes :mod:`zipfile`, :mod:`zlib` or :mod:`json` fail is one
+:class:`BundleError` with a code of docs/errors.md. Standard library and jsonschema only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import stat
+import struct
+import tempfile
+import zipfile
+import zlib
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import Any
+
+from jsonschema import Draft202012Validator, validators
+from jsonschema.exceptions import ValidationError, best_match
+
+from sexpgpu.errors import SexpError
+
+FORMAT = 1
+"""The manifest format this sexpgpu writes and the only one it reads."""
+
+MANIFEST = "manifest.json"
+"""The member holding the manifest, written first."""
+
+DEFAULT_BOUND = 64 * 2**30
+"""The bytes a bundle may unpack to, unless the caller says otherwise."""
+
+MAX_MANIFEST = 16 * 2**20
+"""The largest ``manifest.json`` read: sexpgpu writes a few kB, so more is a forgery."""
+
+MAX_DEPTH = 32
+"""The deepest JSON nesting read: deeper is how a forged manifest exhausts the stack."""
+
+E_DAMAGED = "E-BUNDLE-001"
+"""Not a zip, truncated, or a member missing, unlisted, or not its listed size or sha256."""
+
+E_UNSAFE = "E-BUNDLE-002"
+"""A member whose path could land outside the folder unpacked into, or not a regular file."""
+
+E_TOO_LARGE = "E-BUNDLE-003"
+"""Members that unpack past the bound, or a ``manifest.json`` over 16 MiB."""
+
+E_MANIFEST = "E-BUNDLE-004"
+"""A manifest that is not JSON, holds a value of the wrong type, or is of an unknown format."""
+
+_CHUNK = 1 << 20
+_DRIVE = re.compile(r"^[A-Za-z]:")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+# Every way zipfile, zlib and the file beneath fail on bytes that are no sound zip: a
+# bad header surfaces as OSError, EOFError, struct.error or zlib.error, a name flagged
+# UTF-8 that is not as UnicodeDecodeError (a ValueError), encryption as RuntimeError.
+_BROKEN = (
+    zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, OSError, struct.error, zlib.error,
+    ValueError, KeyError, IndexError, OverflowError, NotImplementedError, RuntimeError,
+)  # fmt: skip
+
+
+class BundleError(SexpError):
+    """A bundle that cannot be written, read or unpacked as asked (exit code 1)."""
+
+
+_HEX = {"type": "string", "pattern": "^[0-9a-f]{64}$"}
+_SIZE = {"type": "integer", "minimum": 0, "maximum": 2**63 - 1}
+_STR = {"type": "string"}
+_OPTIONAL = {"type": ["string", "null"]}
+_STRINGS = {"type": "object", "additionalProperties": _STR}
+
+
+def _record(**properties: Any) -> dict[str, Any]:
+    """An object that must hold every key of ``properties`` (and may hold others)."""
+    return {"type": "object", "required": list(properties), "properties": properties}
+
+
+def _records(**properties: Any) -> dict[str, Any]:
+    return {"type": "array", "items": _record(**properties)}
+
+
+_COMPILED = _record(folder=_STR, files=_SIZE, size=_SIZE, seconds={"type": "number", "minimum": 0})
+"""A lowering's compile caches: the members under ``folder/``, their count and bytes."""
+MANIFEST_SCHEMA: dict[str, Any] = _record(
+    format={"type": "integer"},
+    members={"type": "object", "additionalProperties": _record(size=_SIZE, sha256=_HEX)},
+    created=_STR,
+    main=_STR,
+    sources=_records(name=_STR, member=_STR, sha256=_HEX, original=_STR),
+    loads=_records(uri=_STR, member=_STR, size=_SIZE, sha256=_HEX),
+    data_files=_records(uri=_STR, size=_SIZE, sha256=_HEX, member=_OPTIONAL),
+    selection=_record(variant=_OPTIONAL, knobs=_records(name=_STR, value={}, source=_STR)),
+    choices=_STRINGS,
+    versions=_record(sexpgpu=_STR, libraries=_STRINGS, plugins=_STRINGS),
+    machine=_STRINGS,
+    compiled={"anyOf": [{"type": "null"}, _COMPILED]},
+)
+"""What ``manifest.json`` must hold (docs/bundle.md); keys it does not name are kept."""
+
+# JSON Schema takes 1.0 for an integer and Python takes True: neither is a size or a
+# format number sexpgpu writes.
+_INTEGER = Draft202012Validator.TYPE_CHECKER.redefine(
+    "integer", lambda _, v: isinstance(v, int) and not isinstance(v, bool)
+)
+_VALIDATOR = validators.extend(Draft202012Validator, type_checker=_INTEGER)(MANIFEST_SCHEMA)
+
+
+def _error(code: str, where: str, what: str) -> BundleError:
+    kind = {E_DAMAGED: "is damaged", E_UNSAFE: "is unsafe", E_TOO_LARGE: "is too large"}
+    return BundleError(f"{where} {kind.get(code, 'has a bad manifest')}: {what}", code=code)
+
+
+def _shown(name: str) -> str:
+    """A member name fit for a one-line message: the untrusted file's, so escaped when
+    it holds control characters and cut when long."""
+    text = name if name.isprintable() else ascii(name)
+    return text if len(text) <= 200 else text[:200] + "..."
+
+
+def _short(digest: str) -> str:
+    return digest[:12] + "..."
+
+
+def unsafe_name(name: str) -> str | None:
+    """Why ``name`` cannot be a member's path inside the folder a bundle unpacks into
+    (``"is absolute"``...), or ``None`` for a plain relative POSIX path."""
+    parts = name.split("/")
+    checks = (
+        (name.startswith("/"), "is absolute"),
+        ("\\" in name, "has a backslash"),
+        (bool(_DRIVE.match(name)), "names a drive"),
+        (bool(_CONTROL.search(name)), "has a control character"),
+        (".." in parts, "climbs out of its folder with '..'"),
+        ("" in parts or "." in parts, "has an empty part"),
+        # what most filesystems hold: longer fails while writing, as no code says
+        (len(name) > 1024 or any(len(p.encode()) > 255 for p in parts), "is too long"),
+    )
+    return next((why for bad, why in checks if bad), None)
+
+
+def _check_names(names: list[str], where: str) -> None:
+    """Refuse (``E_UNSAFE``) a name :func:`unsafe_name` refuses, one that is another's
+    folder, or one that differs from another only in case (one file on macOS, Windows)."""
+    seen: dict[str, str] = {}
+    folders: set[str] = set()
+    for name in names:
+        why = unsafe_name(name)
+        folded = name.casefold()
+        if why is None and seen.get(folded, name) != name:
+            why = f"differs from {_shown(seen[folded])} only in case"
+        if why is not None:
+            raise _error(E_UNSAFE, where, f"member {_shown(name)} {why}")
+        seen[folded] = name
+        parts = folded.split("/")
+        folders.update("/".join(parts[:i]) for i in range(1, len(parts)))
+    for folded, name in seen.items():
+        if folded in folders:
+            raise _error(E_UNSAFE, where, f"member {_shown(name)} is both a file and a folder")
+
+
+def _depth(value: Any) -> int:
+    """How deep ``value`` nests, walked without recursion."""
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        item, level = todo.pop()
+        if isinstance(item, (dict, list)):
+            deepest = max(deepest, level)
+            if level > MAX_DEPTH:
+                return level
+            todo.extend((v, level + 1) for v in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
+def _said(error: ValidationError) -> str:
+    """One short line for a schema violation, never echoing the (untrusted) value."""
+    place = "/".join(str(p) for p in error.absolute_path) or "the manifest"
+    wanted, kind = error.validator_value, str(error.validator)
+    if kind == "required":
+        return f"{place} has no {error.message.split(' is a required')[0]}"
+    if kind == "type":
+        return f"{place} is not {' or '.join(wanted) if isinstance(wanted, list) else wanted}"
+    said = {
+        "pattern": "is not a sha256 in lowercase hex",
+        "anyOf": "is not null or a record",
+        "minimum": f"is below {wanted}",
+        "maximum": f"is above {wanted}",
+    }
+    return f"{place} {said.get(kind, f'breaks the rule {kind}: {wanted}')}"
+
+
+def _checked(value: Any, where: str) -> dict[str, Any]:
+    """``value`` (parsed JSON) when it is a manifest of :data:`FORMAT` and every member
+    it names is listed, with the same size and sha256; else ``E_MANIFEST``."""
+    if _depth(value) > MAX_DEPTH:
+        raise _error(E_MANIFEST, where, f"its JSON nests deeper than {MAX_DEPTH} levels")
+    if not isinstance(value, dict):
+        raise _error(E_MANIFEST, where, "it is not a JSON object")
+    number = value.get("format")
+    # a later format may change any key, so its number is read before its shape
+    if isinstance(number, int) and not isinstance(number, bool) and number != FORMAT:
+        raise _error(E_MANIFEST, where, f"format {number}, where this sexpgpu reads {FORMAT}")
+    problem = best_match(_VALIDATOR.iter_errors(value))
+    if problem is not None:
+        raise _error(E_MANIFEST, where, _said(problem))
+    members, compiled = value["members"], value["compiled"]
+    if MANIFEST in members:
+        raise _error(E_MANIFEST, where, f"members lists {MANIFEST} itself")
+    refs = [("main", {"member": value["main"]})]
+    refs += [
+        (f"{key}/{i}", e)
+        for key in ("sources", "loads", "data_files")
+        for i, e in enumerate(value[key])
+    ]
+    if compiled:
+        inside = [m for name, m in members.items() if name.startswith(compiled["folder"] + "/")]
+        held = (len(inside), sum(m["size"] for m in inside))
+        if held != (compiled["files"], compiled["size"]):
+            said = f"compiled says {compiled['files']} files of {compiled['size']} bytes"
+            raise _error(E_MANIFEST, where, f"{said}, its folder holds {held[0]} of {held[1]}")
+    for place, entry in refs:
+        member = entry["member"]
+        if member is None:
+            continue  # data recorded, not copied
+        if member not in members:
+            said = f"{place} names the member {_shown(member)}, which members does not list"
+            raise _error(E_MANIFEST, where, said)
+        # a copy holds the same bytes as the file it stands for (DESIGN.md, Bundles)
+        for key in ("size", "sha256"):
+            if key in entry and entry[key] != members[member][key]:
+                said = f"{place} says {key} {entry[key]}, its member {_shown(member)} has"
+                raise _error(E_MANIFEST, where, f"{said} {members[member][key]}")
+    return value
+
+
+def _parse(data: bytes, where: str) -> dict[str, Any]:
+    """The manifest in ``data``, checked (:func:`_checked`)."""
+
+    def refuse(constant: str) -> Any:
+        raise ValueError(constant)  # NaN and Infinity are not JSON, so no writer's
+
+    try:  # ValueError: UnicodeDecodeError, JSONDecodeError, an int of 5000 digits
+        value = json.loads(data.decode("utf-8"), parse_constant=refuse)
+    except (RecursionError, ValueError):
+        raise _error(E_MANIFEST, where, f"{MANIFEST} is not JSON (or nests too deep)") from None
+    return _checked(value, where)
+
+
+def _listing(archive: zipfile.ZipFile, where: str) -> dict[str, zipfile.ZipInfo]:
+    """The archive's members by name, each checked safe to unpack as a plain file."""
+    # the raw names: zipfile cuts a name at its first NUL and shows what is left
+    _check_names([info.orig_filename for info in archive.infolist()], where)
+    infos: dict[str, zipfile.ZipInfo] = {}
+    for info in archive.infolist():
+        # a Unix mode in the high bits (zipfile's writestr gives permissions alone, no
+        # file type), the MS-DOS folder bit in the low
+        name, kind = _shown(info.filename), stat.S_IFMT(info.external_attr >> 16)
+        if kind == stat.S_IFLNK:
+            raise _error(E_UNSAFE, where, f"member {name} is a symlink")
+        if kind not in (0, stat.S_IFREG) or info.external_attr & 0x10:
+            raise _error(E_UNSAFE, where, f"member {name} is not a regular file")
+        if info.filename in infos:
+            raise _error(E_DAMAGED, where, f"member {name} is in the archive twice")
+        if info.flag_bits & 0x1:
+            raise _error(E_DAMAGED, where, f"member {name} is encrypted")
+        if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+            raise _error(E_DAMAGED, where, f"member {name} is compressed by an unknown method")
+        infos[info.filename] = info
+    if MANIFEST not in infos:
+        raise _error(E_DAMAGED, where, f"it has no {MANIFEST}")
+    return infos
+
+
+def _manifest_bytes(archive: zipfile.ZipFile, info: zipfile.ZipInfo, where: str) -> bytes:
+    """The bytes of ``manifest.json``, read no further than :data:`MAX_MANIFEST`."""
+    if info.file_size > MAX_MANIFEST:
+        raise _error(E_TOO_LARGE, where, f"{MANIFEST} is {info.file_size} bytes, over 16 MiB")
+    try:
+        with archive.open(info) as stream:
+            data = stream.read(MAX_MANIFEST + 1)
+    except _BROKEN:
+        raise _error(E_DAMAGED, where, f"member {MANIFEST} cannot be read") from None
+    if len(data) > MAX_MANIFEST:  # zipfile stops at the declared size: this guards that
+        raise _error(E_TOO_LARGE, where, f"{MANIFEST} is over 16 MiB")
+    return data
+
+
+@contextmanager
+def _opened(path: str | Path) -> Iterator[tuple[zipfile.ZipFile, dict[str, Any], dict[str, Any]]]:
+    """The bundle at ``path`` open, with its checked manifest and its members' infos."""
+    where = str(path)
+    try:
+        handle = open(path, "rb")
+    except OSError as exc:
+        raise _error(E_DAMAGED, where, f"it cannot be read ({exc.strerror})") from None
+    with handle:
+        try:
+            archive = zipfile.ZipFile(handle)
+        except _BROKEN:
+            raise _error(E_DAMAGED, where, "it is not a zip archive (truncated?)") from None
+        with archive:
+            infos = _listing(archive, where)
+            manifest = _parse(_manifest_bytes(archive, infos[MANIFEST], where), where)
+            members = manifest["members"]
+            extra = sorted(set(infos) - {MANIFEST} - set(members))
+            if extra:
+                raise _error(E_DAMAGED, where, f"member {_shown(extra[0])} is not in the manifest")
+            missing = sorted(set(members) - set(infos))
+            if missing:
+                raise _error(E_DAMAGED, where, f"member {_shown(missing[0])} is missing")
+            for name, entry in sorted(members.items()):
+                if infos[name].file_size != entry["size"]:
+                    said = f"has {infos[name].file_size} bytes where the manifest says"
+                    raise _error(E_DAMAGED, where, f"member {_shown(name)} {said} {entry['size']}")
+            yield archive, manifest, infos
+
+
+def read_manifest(path: str | Path) -> dict[str, Any]:
+    """The checked manifest of the bundle at ``path``: its members the zip's, each safe
+    and of the declared size. Reads the manifest alone (bounded) and hashes nothing."""
+    with _opened(path) as (_, manifest, _):
+        return manifest
+
+
+def extract(path: str | Path, into: str | Path, *, bound: int = DEFAULT_BOUND) -> dict[str, Any]:
+    """Unpack the bundle at ``path`` into the empty folder ``into``; returns its manifest.
+
+    Every member streams through a sha256 and a count of bytes against ``bound``; on
+    any refusal what was written in ``into`` is removed. Nothing is written outside it."""
+    where, target = str(path), Path(into)
+    if not target.is_dir() or any(target.iterdir()):
+        raise BundleError(f"cannot unpack {where} into {into}: it is not an empty folder")
+    with _opened(path) as (archive, manifest, infos):
+        members = manifest["members"]
+        declared = sum(entry["size"] for entry in members.values())
+        if declared > bound:
+            raise _error(E_TOO_LARGE, where, f"its members hold {declared} bytes, over {bound}")
+        made: list[Path] = []
+        try:
+            left = bound
+            for name, entry in sorted(members.items()):
+                top = target / name.split("/")[0]
+                if top not in made:
+                    made.append(top)  # before it exists, so a half-made folder goes too
+                left -= _unpack(archive, infos[name], entry, target, left, where)
+        except BaseException:
+            for top in made:  # into was empty: all that is in it now is ours
+                with suppress(OSError):
+                    (shutil.rmtree if top.is_dir() and not top.is_symlink() else os.unlink)(top)
+            raise
+    return manifest
+
+
+def _chunks(
+    archive: zipfile.ZipFile, info: zipfile.ZipInfo, size: int, where: str
+) -> Iterator[bytes]:
+    """A member's bytes, never asking for more than one past ``size``; a failure of the
+    zip is ``E_DAMAGED`` (so one of the disk beneath the caller's loop is not)."""
+    try:
+        with archive.open(info) as stream:
+            got = 0
+            while chunk := stream.read(min(_CHUNK, size - got + 1)):
+                got += len(chunk)
+                yield chunk
+    except _BROKEN:
+        raise _error(E_DAMAGED, where, f"member {_shown(info.filename)} cannot be read") from None
+
+
+def _unpack(
+    archive: zipfile.ZipFile,
+    info: zipfile.ZipInfo,
+    entry: Mapping[str, Any],
+    target: Path,
+    left: int,
+    where: str,
+) -> int:
+    """Write one member under ``target``, checked as it streams against its entry and
+    the ``left`` bytes the bound allows; returns the bytes written."""
+    name = _shown(info.filename)
+    dest = target.joinpath(*info.filename.split("/"))
+    if not dest.resolve().is_relative_to(target.resolve()):  # guards the names' check
+        raise _error(E_UNSAFE, where, f"member {name} lands outside {target}")
+    digest, got = hashlib.sha256(), 0
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+        with os.fdopen(os.open(dest, flags, 0o644), "wb") as out:
+            for chunk in _chunks(archive, info, entry["size"], where):
+                got += len(chunk)
+                if got > left:
+                    raise _error(E_TOO_LARGE, where, f"member {name} unpacks past the bound")
+                if got > entry["size"]:
+                    said = f"holds more than the {entry['size']} bytes the manifest says"
+                    raise _error(E_DAMAGED, where, f"member {name} {said}")
+                digest.update(chunk)
+                out.write(chunk)
+    except OSError as exc:  # the zip's failures are BundleErrors by now: this is the disk
+        raise BundleError(f"cannot unpack {where} into {target}: {name}: {exc.strerror}") from None
+    if got != entry["size"]:
+        said = f"has {got} bytes where the manifest says {entry['size']}"
+        raise _error(E_DAMAGED, where, f"member {name} {said}")
+    if digest.hexdigest() != entry["sha256"]:
+        said = f"has sha256 {_short(digest.hexdigest())} where the manifest says"
+        raise _error(E_DAMAGED, where, f"member {name} {said} {_short(entry['sha256'])}")
+    return got
+
+
+def _read(value: bytes | Path) -> Iterator[bytes]:
+    """A member's bytes: ``value`` itself, or the file it names in 1 MiB chunks."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        yield bytes(value)
+        return
+    with open(value, "rb") as handle:
+        while chunk := handle.read(_CHUNK):
+            yield chunk
+
+
+def _identify(value: bytes | Path) -> tuple[int, str]:
+    digest, size = hashlib.sha256(), 0
+    for chunk in _read(value):
+        digest.update(chunk)
+        size += len(chunk)
+    return size, digest.hexdigest()
+
+
+def _zip_info(name: str, size: int) -> zipfile.ZipInfo:
+    info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))  # same members, same bytes
+    info.external_attr = (stat.S_IFREG | 0o644) << 16  # a regular file: all a reader takes
+    info.file_size = size  # known before writing, so a member over 2 GiB gets zip64
+    # the manifest and `.sx` sources are deflated; weights, data and compile caches are
+    # stored, wherever they sit (deflate gains little on them and costs seconds per GB
+    # both ways)
+    text = name == MANIFEST or name.endswith(".sx")
+    info.compress_type = zipfile.ZIP_DEFLATED if text else zipfile.ZIP_STORED
+    return info
+
+
+def write_bundle(
+    path: str | Path, manifest: Mapping[str, Any], members: Mapping[str, bytes | Path]
+) -> dict[str, Any]:
+    """Write the bundle ``path`` atomically: ``manifest``, with ``format`` and each of
+    ``members`` (a name to bytes, or to a file read in 1 MiB chunks) with its size and
+    sha256 added, then the members. Refuses what a reader would; returns the manifest."""
+    where, target = str(path), Path(path)
+    if MANIFEST in members:
+        raise _error(E_UNSAFE, where, f"member {MANIFEST} is the manifest's own name")
+    _check_names([MANIFEST, *members], where)
+    # hashed before writing, since the manifest that lists the hashes comes first
+    identity = {name: _identify(value) for name, value in sorted(members.items())}
+    listed = {name: {"size": size, "sha256": sha} for name, (size, sha) in identity.items()}
+    try:
+        full = {**manifest, "format": FORMAT, "members": listed}
+        text = json.dumps(full, indent=1, sort_keys=True, allow_nan=False).encode("utf-8")
+    except ValueError:
+        raise _error(E_MANIFEST, where, "it holds NaN or infinity, which JSON cannot") from None
+    if len(text) > MAX_MANIFEST:
+        raise _error(E_TOO_LARGE, where, f"{MANIFEST} would be over 16 MiB")
+    written = _checked(json.loads(text), where)
+    fd, temp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            with zipfile.ZipFile(handle, "w") as archive:
+                archive.writestr(_zip_info(MANIFEST, len(text)), text)
+                for name, value in sorted(members.items()):
+                    digest = hashlib.sha256()
+                    with archive.open(_zip_info(name, identity[name][0]), "w") as out:
+                        for chunk in _read(value):
+                            digest.update(chunk)
+                            out.write(chunk)
+                    if digest.hexdigest() != identity[name][1]:
+                        raise BundleError(f"{value} changed while {where} was being written")
+            handle.flush()
+            os.fsync(handle.fileno())
+        # mkstemp's file is the owner's alone; a bundle is a file like any other
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(temp, 0o666 & ~umask)
+        os.replace(temp, target)
+    except BaseException:
+        with suppress(OSError):
+            os.unlink(temp)
+        raise
+    with suppress(OSError):  # the rename lasts once its folder is on disk too
+        folder = os.open(target.parent, os.O_RDONLY)
+        try:
+            os.fsync(folder)
+        finally:
+            os.close(folder)
+    return written
+
+
+def _size(size: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if size >= scale:
+            return f"{size / scale:.1f} {unit}"
+    return f"{size} B"
+
+
+def describe(manifest: Mapping[str, Any]) -> list[str]:
+    """What ``sexpgpu bundle --show`` prints of a checked manifest, one line each:
+    plain text, two-space indents."""
+    members, chosen = manifest["members"], manifest["selection"]
+    versions, compiled = manifest["versions"], manifest["compiled"]
+    lines = [f"main: {manifest['main']}"]
+
+    def section(title: str, rows: Iterable[str]) -> None:
+        indented = [f"  {row}" for row in rows]
+        lines.extend([f"{title}:", *indented] if indented else [f"{title}: none"])
+
+    def part(key: str) -> int:
+        names = {e["member"] for e in manifest[key]} - {None}
+        return sum(members[name]["size"] for name in names)
+
+    def sha(entry: Mapping[str, Any]) -> str:
+        return f"sha256 {_short(entry['sha256'])}"
+
+    section(
+        "sources", (f"{e['name']}  from {e['original']}  {sha(e)}" for e in manifest["sources"])
+    )
+    section("loads", (f"{e['uri']}  {_size(e['size'])}  {sha(e)}" for e in manifest["loads"]))
+    for_data = {None: "not copied"}
+    section(
+        "data files",
+        (
+            f"{e['uri']}  {_size(e['size'])}  {for_data.get(e['member'], 'copied')}"
+            for e in manifest["data_files"]
+        ),
+    )
+    knobs = [f"{k['name']} = {json.dumps(k['value'])} ({k['source']})" for k in chosen["knobs"]]
+    section("selection", [f"variant {chosen['variant'] or '-'}", *knobs])
+    section("choices", (f"{k} = {v}" for k, v in sorted(manifest["choices"].items())))
+    libraries = [f"{k} {v}" for k, v in sorted(versions["libraries"].items())]
+    plugins = [f"plugin {k} {v}" for k, v in sorted(versions["plugins"].items())]
+    section("versions", [f"sexpgpu {versions['sexpgpu']}", *libraries, *plugins])
+    section("machine", (f"{k} = {v}" for k, v in sorted(manifest["machine"].items())))
+    built = (
+        f"{_size(compiled['size'])} in {compiled['files']} files under {compiled['folder']}/, "
+        f"compiled in {compiled['seconds']:.1f} s"
+        if compiled
+        else ""
+    )
+    lines.append(f"compiled: {built or 'none'}")
+    sizes = {key: part(key) for key in ("sources", "loads", "data_files")}
+    sizes["compiled"] = compiled["size"] if compiled else 0
+    sizes["total"] = sum(entry["size"] for entry in members.values())
+    section("sizes", (f"{key:<9} {_size(size)}" for key, size in sizes.items()))
+    return lines

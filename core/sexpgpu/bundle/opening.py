@@ -1,0 +1,213 @@
+"""Opening a bundle to run it: fetched (a local path, ``s3://`` or ``gs://``), checked
+whole, unpacked into a folder of its own, and its versions compared with this
+machine's before anything is compiled.
+
+Torch-free: library versions are read from the installed distributions' metadata.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from sexpgpu.bundle.archive import BundleError, extract
+from sexpgpu.plugin_supplies import PROJECT_DISTRIBUTION as PROJECT
+
+E_VERSIONS = "E-BUNDLE-005"
+"""A bundle made with another sexpgpu, torch or plugin version than this machine's."""
+
+E_DATA = "E-BUNDLE-007"
+"""A data file the bundle recorded (not copied) that is missing or has other bytes."""
+
+E_FETCH = "E-BUNDLE-006"
+"""A bundle that cannot be read from where it was named."""
+
+SUFFIX = ".sxb"
+"""A bundle's file name ends so; ``sexpgpu run`` tells a bundle from a `.sx` file by it."""
+
+_CHUNK = 8 << 20
+
+
+def is_bundle(name: str) -> bool:
+    """Whether ``name`` names a bundle."""
+    return name.endswith(SUFFIX)
+
+
+@dataclass(frozen=True)
+class Unpacked:
+    """A bundle unpacked into ``folder``: its manifest and the main file's path there."""
+
+    manifest: Mapping[str, Any]
+    folder: Path
+
+    @property
+    def main(self) -> str:
+        """The path of the bundle's main `.sx` file in :attr:`folder`."""
+        return str(self.folder / self.manifest["main"])
+
+    @property
+    def sets(self) -> dict[str, str]:
+        """The knobs the bundling command line set, as ``--set`` takes them."""
+        return {str(k): str(v) for k, v in self.manifest["selection"].get("sets", {}).items()}
+
+    @property
+    def variant(self) -> str | None:
+        """The variant the bundle was made with."""
+        return self.manifest["selection"].get("variant")
+
+    @property
+    def steps(self) -> int | None:
+        """``--steps`` as the bundling command line gave it."""
+        steps = self.manifest["selection"].get("steps")
+        return int(steps) if isinstance(steps, int) else None
+
+    @property
+    def choices(self) -> dict[str, str]:
+        """The choices the bundling machine made."""
+        return {str(k): str(v) for k, v in self.manifest.get("choices", {}).items()}
+
+
+def unpack(
+    name: str, into: Path, open_location: Callable[[str], Any], *, bound: int | None = None
+) -> Unpacked:
+    """Fetch the bundle ``name`` (through ``open_location`` for a bucket), verify every
+    member and unpack it into the empty folder ``into``."""
+    into.mkdir(parents=True, exist_ok=True)
+    local = name
+    if "://" in name and not name.startswith("file://"):
+        local = str(into.parent / f"{into.name}{SUFFIX}")
+        _fetch(name, local, open_location)
+    elif name.startswith("file://"):
+        local = name[len("file://") :]
+    if not os.path.isfile(local):
+        raise BundleError(f"{name}: no such bundle", code=E_FETCH)
+    kwargs = {} if bound is None else {"bound": bound}
+    try:
+        manifest = extract(local, into, **kwargs)
+    except BundleError as exc:
+        if local == name:
+            raise
+        # a fetched bundle is named as the user named it, not by its temporary copy
+        raise BundleError(exc.message.replace(local, name), code=exc.code) from None
+    return Unpacked(manifest, into)
+
+
+def _fetch(uri: str, target: str, open_location: Callable[[str], Any]) -> None:
+    """Copy the object ``uri`` to ``target`` in ranged reads, never whole in memory."""
+    from sexpgpu.errors import SexpError
+
+    parent, _, key = uri.rstrip("/").rpartition("/")
+    try:
+        storage = open_location(parent)
+        size = storage.identity(key).size
+        with open(target, "wb") as handle:
+            for start in range(0, size, _CHUNK):
+                handle.write(storage.read_range(key, start, min(_CHUNK, size - start)))
+    except SexpError as exc:
+        raise BundleError(f"cannot read the bundle {uri}: {exc.message}", code=E_FETCH) from None
+
+
+def installed_versions(plugins: Mapping[str, str]) -> dict[str, Any]:
+    """This machine's versions as a manifest's ``versions`` holds them: sexpgpu's, the
+    libraries the plugins' distributions require (torch, numpy, ...), and ``plugins``
+    (name to version)."""
+    from sexpgpu import __version__
+
+    return {"sexpgpu": __version__, "libraries": _libraries(), "plugins": dict(plugins)}
+
+
+def _libraries() -> dict[str, str]:
+    """The installed version of each library sexpgpu requires (not its extras')."""
+    import re
+
+    found = {}
+    for requirement in metadata.requires(PROJECT) or []:
+        if "extra ==" in requirement:
+            continue
+        name = re.split(r"[\s<>=!~;\[(]", requirement.strip(), maxsplit=1)[0]
+        try:
+            found[name.lower()] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return dict(sorted(found.items()))
+
+
+def version_differences(
+    recorded: Mapping[str, Any], here: Mapping[str, Any], *, compared: Iterable[str] = ()
+) -> list[str]:
+    """``what bundled -> here`` for each version that differs: sexpgpu's, each plugin's
+    (``missing`` when this machine lacks it), and each library ``compared``: those
+    whose version the bundle's choices record (:func:`pinned_libraries`), since the
+    lowering says the bits depend on them. Other libraries are shown, not compared."""
+    said = []
+    if recorded.get("sexpgpu") != here.get("sexpgpu"):
+        said.append(f"sexpgpu {recorded.get('sexpgpu')} -> {here.get('sexpgpu')}")
+    libraries, chosen = here.get("libraries", {}), set(compared)
+    for name, version in sorted(recorded.get("libraries", {}).items()):
+        if name in chosen and libraries.get(name) != version:
+            said.append(f"{name} {version} -> {libraries.get(name, 'missing')}")
+    plugins = here.get("plugins", {})
+    for name, version in sorted(recorded.get("plugins", {}).items()):
+        if plugins.get(name) != version:
+            said.append(f"plugin {name} {version} -> {plugins.get(name, 'missing')}")
+    return said
+
+
+def pinned_libraries(choices: Mapping[str, str]) -> list[str]:
+    """The libraries whose version a run's choices record (``<library>.version``)."""
+    return sorted(k[: -len(".version")] for k in choices if k.endswith(".version"))
+
+
+def refuse_versions(name: str, differences: list[str]) -> BundleError:
+    """The one-line refusal of a bundle whose versions differ from this machine's."""
+    return BundleError(
+        f"{name} was made with other versions than this machine has: "
+        + "; ".join(differences)
+        + " (install those, or run it with --choices fresh)",
+        code=E_VERSIONS,
+    )
+
+
+def machine_kind(choices: Mapping[str, str]) -> dict[str, str]:
+    """The part of a run's choices that says what machine made it: the CPU's
+    capability and BLAS, or the GPU's name and compute capability."""
+    return {
+        k: v
+        for k, v in choices.items()
+        if k in ("cpu.capability", "cpu.blas") or k.startswith("cuda.device")
+    }
+
+
+def check_data(name: str, manifest: Mapping[str, Any]) -> None:
+    """Refuse a run whose recorded (not copied) local data files are missing or are
+    not the bytes the bundle recorded (size, then sha256)."""
+    import hashlib
+
+    for entry in manifest.get("data_files", []):
+        if entry.get("member") is not None:
+            continue
+        path = entry["uri"]
+        try:
+            size = os.path.getsize(path)
+        except OSError as exc:
+            raise BundleError(
+                f"{name} reads the data file {path}, which cannot be read here: "
+                f"{exc.strerror or exc} (bundle it with --with-data)",
+                code=E_DATA,
+            ) from None
+        digest = hashlib.sha256()
+        if size == entry["size"]:
+            with open(path, "rb") as handle:
+                while chunk := handle.read(_CHUNK):
+                    digest.update(chunk)
+        if size != entry["size"] or digest.hexdigest() != entry["sha256"]:
+            raise BundleError(
+                f"{name} reads the data file {path}, which is not the file it was made "
+                f"with: {entry['size']} bytes, sha256 {entry['sha256'][:12]} -> {size} "
+                f"bytes" + ("" if size != entry["size"] else f", {digest.hexdigest()[:12]}"),
+                code=E_DATA,
+            )
