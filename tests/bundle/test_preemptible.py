@@ -20,7 +20,7 @@ from tests.servers import unique_prefix
 
 pytestmark = pytest.mark.slow
 
-STEPS = 120
+STEPS = 150
 PROGRAM = f"""\
 (defknob steps {STEPS})
 (defmodel net (vocab dim)
@@ -50,24 +50,47 @@ def _bundle(tmp_path: Path) -> Path:
     return tmp_path / "spot.sxb"
 
 
+def _wait_for_a_random_moment(process: subprocess.Popen, chance: random.Random) -> str:
+    """Let ``process`` run to a random moment: while it starts, or a little after its
+    first or second checkpoint of this launch (so every launch but the last gets
+    somewhere and none can finish the run, whatever the machine's speed). Returns
+    what it said meanwhile."""
+    checkpoints = chance.choice([0, 1, 1, 2])
+    said = []
+    if checkpoints == 0:
+        time.sleep(chance.uniform(0.05, 0.6))
+        return ""
+    while checkpoints:
+        line = process.stderr.readline()
+        if not line:
+            break  # it ended
+        said.append(line)
+        checkpoints -= '"event": "checkpoint"' in line
+    time.sleep(chance.uniform(0.0, 0.15))
+    return "".join(said)
+
+
 def _play(command: list[str], cwd: Path, env: dict[str, str] | None, seed: int) -> list[str]:
     """Launch ``command`` until a launch finishes the run, each of the first
-    ``LAUNCHES`` stopped after a random while; returns how each launch ended."""
+    ``LAUNCHES`` stopped at a random moment by SIGTERM or SIGKILL; returns how each
+    launch ended."""
     chance = random.Random(seed)
     ended = []
     for launch in range(LAUNCHES + 1):
         process = start_sexpgpu(*command, cwd=cwd, env=env)
+        said = ""
         if launch < LAUNCHES:
-            time.sleep(chance.uniform(0.3, 1.5))
+            said = _wait_for_a_random_moment(process, chance)
             how = chance.choice([signal.SIGTERM, signal.SIGTERM, signal.SIGKILL])
             if process.poll() is None:
                 process.send_signal(how)
         try:
-            _, stderr = process.communicate(timeout=300)
+            _, rest = process.communicate(timeout=300)
         except subprocess.TimeoutExpired:
             process.kill()
             process.communicate()
             raise
+        stderr = said + rest
         assert "Traceback" not in stderr, stderr
         code = process.returncode
         assert code in (0, 128 + signal.SIGTERM, -signal.SIGKILL), stderr[-3000:]
@@ -89,7 +112,7 @@ def test_a_bundle_started_again_and_again_ends_as_the_run_never_stopped(tmp_path
     assert run_sexpgpu("run", bundle, "--checkpoint-dir", "ref", cwd=tmp_path).returncode == 0
     command = ["run", str(bundle), "--checkpoint-dir", "spot", "--resume", "latest"]
     ended = _play(command, tmp_path, None, seed=1)
-    assert ended[-1] == "finished" and len(ended) >= 4, ended  # stopped again and again
+    assert ended[-1] == "finished" and len(ended) == LAUNCHES + 1, ended
     _compare(tensors(tmp_path / "spot" / f"step-{STEPS:08d}"), tmp_path / "ref")
 
 
@@ -112,5 +135,5 @@ def test_a_bundle_in_a_bucket_started_again_and_again_ends_as_the_run_never_stop
     uri, checkpoints = bucket.uri(f"{prefix}/spot.sxb"), bucket.uri(f"{prefix}/ck")
     command = ["run", uri, "--checkpoint-dir", checkpoints, "--resume", "latest"]
     ended = _play(command, tmp_path, bucket.env(), seed=2 if bucket.scheme == "s3" else 3)
-    assert ended[-1] == "finished" and len(ended) >= 4, ended  # stopped again and again
+    assert ended[-1] == "finished" and len(ended) == LAUNCHES + 1, ended
     _compare(bucket.tensors(f"{prefix}/ck/step-{STEPS:08d}"), tmp_path / "ref")
