@@ -63,7 +63,10 @@ def events(run_dir: Path) -> list[dict]:
     path = run_dir / "events.jsonl"
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    text = path.read_text()
+    # a line the sink is still writing is not an event yet: only whole lines count
+    whole = text[: text.rfind("\n") + 1]
+    return [json.loads(line) for line in whole.splitlines() if line.strip()]
 
 
 def status(run_dir: Path) -> dict:
