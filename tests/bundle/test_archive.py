@@ -652,3 +652,15 @@ def test_no_damage_makes_the_reader_raise_anything_but_a_bundle_error(
             assert error.code in CODES, str(error)
             assert list(into.iterdir()) == []
         assert sorted(os.listdir(folder)) == ["into", "run.sxb"]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero"])
+def test_a_fifo_or_a_device_is_refused_without_reading(tmp_path: Path, kind: str) -> None:
+    path = tmp_path / "run.sxb"
+    if kind == "fifo":
+        os.mkfifo(path)  # nobody writes it: an open for reading would wait for ever
+    else:
+        path.symlink_to("/dev/zero")
+    with pytest.raises(BundleError) as raised:
+        read_manifest(path)
+    assert raised.value.code == E_DAMAGED and "not a regular file" in str(raised.value)

@@ -28,6 +28,7 @@ from typing import Any
 from jsonschema import Draft202012Validator, validators
 from jsonschema.exceptions import ValidationError, best_match
 
+from sexpgpu.checkpoint.schema import MAX_DEPTH, nesting_depth
 from sexpgpu.errors import SexpError
 
 FORMAT = 1
@@ -42,8 +43,6 @@ DEFAULT_BOUND = 64 * 2**30
 MAX_MANIFEST = 16 * 2**20
 """The largest ``manifest.json`` read: sexpgpu writes a few kB, so more is a forgery."""
 
-MAX_DEPTH = 32
-"""The deepest JSON nesting read: deeper is how a forged manifest exhausts the stack."""
 
 E_DAMAGED = "E-BUNDLE-001"
 """Not a zip, truncated, or a member missing, unlisted, or not its listed size or sha256."""
@@ -169,19 +168,6 @@ def _check_names(names: list[str], where: str) -> None:
             raise _error(E_UNSAFE, where, f"member {_shown(name)} is both a file and a folder")
 
 
-def _depth(value: Any) -> int:
-    """How deep ``value`` nests, walked without recursion."""
-    deepest, todo = 0, [(value, 1)]
-    while todo:
-        item, level = todo.pop()
-        if isinstance(item, (dict, list)):
-            deepest = max(deepest, level)
-            if level > MAX_DEPTH:
-                return level
-            todo.extend((v, level + 1) for v in (item.values() if isinstance(item, dict) else item))
-    return deepest
-
-
 def _said(error: ValidationError) -> str:
     """One short line for a schema violation, never echoing the (untrusted) value."""
     place = "/".join(str(p) for p in error.absolute_path) or "the manifest"
@@ -202,7 +188,7 @@ def _said(error: ValidationError) -> str:
 def _checked(value: Any, where: str) -> dict[str, Any]:
     """``value`` (parsed JSON) when it is a manifest of :data:`FORMAT` and every member
     it names is listed, with the same size and sha256; else ``E_MANIFEST``."""
-    if _depth(value) > MAX_DEPTH:
+    if nesting_depth(value) > MAX_DEPTH:
         raise _error(E_MANIFEST, where, f"its JSON nests deeper than {MAX_DEPTH} levels")
     if not isinstance(value, dict):
         raise _error(E_MANIFEST, where, "it is not a JSON object")
@@ -300,9 +286,14 @@ def _opened(path: str | Path) -> Iterator[tuple[zipfile.ZipFile, dict[str, Any],
     """The bundle at ``path`` open, with its checked manifest and its members' infos."""
     where = str(path)
     try:
-        handle = open(path, "rb")
+        # never blocks on a FIFO; a device or a FIFO is refused before it is read
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as exc:
         raise _error(E_DAMAGED, where, f"it cannot be read ({exc.strerror})") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise _error(E_DAMAGED, where, "it is not a regular file")
+    handle = os.fdopen(fd, "rb")
     with handle:
         try:
             archive = zipfile.ZipFile(handle)

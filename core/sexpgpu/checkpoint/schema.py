@@ -174,8 +174,9 @@ def too_deep(where: str) -> CheckpointError:
     )
 
 
-def _depth(value: Any) -> int:
-    """How deep ``value`` nests, walked without recursion."""
+def nesting_depth(value: Any) -> int:
+    """How deep parsed JSON ``value`` nests (stopping once past :data:`MAX_DEPTH`),
+    walked without recursion."""
     deepest, todo = 0, [(value, 1)]
     while todo:
         item, level = todo.pop()
@@ -199,7 +200,7 @@ def load_json(data: bytes | memoryview, where: str, damaged: Any) -> Any:
         raise too_deep(where) from None
     except (UnicodeDecodeError, ValueError):
         raise damaged(where, "it is not valid JSON (truncated?)") from None
-    if _depth(value) > MAX_DEPTH:
+    if nesting_depth(value) > MAX_DEPTH:
         raise too_deep(where)
     return value
 
