@@ -112,38 +112,43 @@ class Choices:
         ]
 
 
-def cannot_take(name: str, value: str, why: str) -> CheckpointError:
-    """``E-CHOICE-001`` for a pinned ``value`` of ``name`` that cannot be taken here."""
-    return CheckpointError(
-        f"the recorded choice '{value}' for {name} cannot be taken here: {why} ({FRESH_HINT})",
-        code=E_CHOICE,
-    )
+class ChoiceRefused(CheckpointError):
+    """``E-CHOICE-001`` for a pinned ``value`` of ``choice`` that cannot be taken here."""
+
+    def __init__(self, choice: str, value: str, why: str) -> None:
+        self.choice, self.value, self.why = choice, value, why
+        said = f"the recorded choice '{value}' for {choice} cannot be taken here: {why}"
+        super().__init__(f"{said} ({FRESH_HINT})", code=E_CHOICE)
+
+
+cannot_take = ChoiceRefused
+"""``E-CHOICE-001`` for a pinned ``value`` of ``name`` that cannot be taken here."""
 
 
 # ---------------------------------------------------------------- --choose
 
 
-def requested_sites(
-    program: Program,
-    requests: Mapping[str, str],
-    other_options: Mapping[str, str] | None = None,
-) -> dict[str, tuple[str, str]]:
-    """``{site: (kernel, target)}`` for ``requests`` (``{target: kernel}``): a target
-    that is a kind names every site of that kind, and a site's full name wins over
-    its kind. Raises :class:`UsageError` for a target the program has neither as a
-    site nor as a kind; ``other_options`` (a recorded choice -> the option that sets
-    it, ``{"lowering": "--lowering"}``) turns that into a pointer to the option."""
+def kernel_requests(
+    program: Program, requests: Mapping[str, str], other_options: Mapping[str, str] | None = None
+) -> tuple[dict[str, str], dict[str, str]]:
+    """``--choose`` requests (``{target: kernel}``) as (``{site: kernel}``, ``{site: the
+    words}``), ready for :meth:`Choices.make`: a target that is a kind names every site
+    of that kind, and a site's full name wins over its kind. Raises :class:`UsageError`
+    for a target the program has neither as a site nor as a kind; ``other_options`` (a
+    recorded choice -> the option that sets it, ``{"cpu.threads": "--threads"}``) turns
+    that into a pointer to the option."""
     names = {site.name for site in program.sites}
     kinds = sorted({site.kind for site in program.sites})
     for target, kernel in requests.items():
         if target not in names and target not in kinds:
             raise UsageError(_unknown_target(program, target, kernel, kinds, other_options))
-    wanted: dict[str, tuple[str, str]] = {}
+    kernels, words = {}, {}
     for site in program.sites:
         target = site.name if site.name in requests else site.kind
         if target in requests:
-            wanted[site.name] = (requests[target], target)
-    return wanted
+            kernels[site.name] = requests[target]
+            words[site.name] = f"{CHOOSE} {target}={requests[target]}"
+    return kernels, words
 
 
 def _unknown_target(
@@ -162,17 +167,3 @@ def _unknown_target(
     hint = f"did you mean '{near[0]}'? " if near else ""
     listed = f"its sites: {', '.join(sites)}; kinds: {', '.join(kinds)}" if sites else "it has none"
     return f"{asked}: the program has no choice site or kind '{target}' ({hint}{listed})"
-
-
-def kernel_requests(
-    program: Program,
-    requests: Mapping[str, str],
-    other_options: Mapping[str, str] | None = None,
-) -> tuple[dict[str, str], dict[str, str]]:
-    """``--choose`` requests as (``{site: kernel}``, ``{site: the words}``), ready for
-    :meth:`Choices.make`."""
-    wanted = requested_sites(program, requests, other_options)
-    return (
-        {site: kernel for site, (kernel, _) in wanted.items()},
-        {site: f"{CHOOSE} {target}={kernel}" for site, (kernel, target) in wanted.items()},
-    )

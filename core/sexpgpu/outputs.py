@@ -99,6 +99,8 @@ class Outputs:
             outputs.metrics.annotation(
                 run.step, "\n".join([f"resumed from {session.location}", *moved])
             )
+        elif moved:  # a fresh start's choices made otherwise than its bundle's
+            outputs.metrics.annotation(run.step, "\n".join(moved))
         fields = {} if run.compile_seconds is None else {"compile_seconds": run.compile_seconds}
         run.log.info(
             "run started" if not resumed else "run resumed",

@@ -19,8 +19,10 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from sexpgpu.bundle.opening import lower_on_its_machine
 from sexpgpu.choices import LOWERING_CHOICE, Choices, kernel_requests
 from sexpgpu.errors import CheckpointError, PluginError, SexpError, SourceError
 from sexpgpu.extension import DataLoader, DataSourceInfo, Evaluator, Supplies, Trainer
@@ -47,6 +49,8 @@ class Selection:
     sets: Mapping[str, str] = field(default_factory=dict)
     variant: str | None = None
     steps: int | None = None
+    unpacked: str | None = None
+    """The folder of the bundle ``file`` was unpacked from (see ``Loads.identities``)."""
 
     @classmethod
     def recorded(cls, experiment: Mapping[str, Any], file: str | None = None) -> Selection:
@@ -228,6 +232,7 @@ class Session:
         self.moved: list[str] = []
         """What moved since the checkpoint, one ``resumed from`` line each."""
         self.lowered: Lowered | None = None
+        self.bundled: dict[str, str] = {}  # the bundle's choices a fresh start pins
 
     @classmethod
     def start(
@@ -249,7 +254,7 @@ class Session:
         from sexpgpu.checkpoint.loads import Loads
 
         program = selection.compile(catalog)
-        loads = Loads.of(program, catalog.open_location)
+        loads = Loads.of(program, catalog.open_location, bundle=selection.unpacked)
         loads.check()
         loads.prefetch_identities()
         session = cls(catalog, program, loads)
@@ -269,6 +274,7 @@ class Session:
             recorded = recorded_choices(experiment, catalog)
         if recorded is None and target.bundled is not None:
             recorded = dict(target.bundled)
+            session.bundled = {} if target.fresh else recorded
         session.choices = target.choices(program, recorded)
         return session
 
@@ -297,8 +303,10 @@ class Session:
         return int(self.state.get("stage", 0))
 
     def lower(self, device: str) -> Trainer:
-        """Lower the program for ``device`` with the settled choices."""
-        self.lowered = lower(self.program, self.catalog, device=device, choices=self.choices)
+        """Lower the program for ``device`` with the settled choices (a bundle's: on its
+        kind of machine, else ``E-BUNDLE-008``)."""
+        lowering = partial(lower, self.program, self.catalog, device=device, choices=self.choices)
+        self.lowered = lower_on_its_machine(self.bundled, lowering)
         return self.lowered.trainer
 
     def use_group(self, group: RankGroup) -> None:
@@ -326,8 +334,8 @@ class Session:
 
     def fill(self) -> list[str]:
         """Fill the lowered trainer: the checkpoint's tensors on a resume, else fresh
-        ones, then the ``:load`` files. Returns what moved since the checkpoint: each
-        ``:load`` file found at another path and each choice made otherwise."""
+        ones, then the ``:load`` files. Returns what moved since the checkpoint (or a
+        bundle's choices): each ``:load`` file at another path, each choice made otherwise."""
         from sexpgpu import checkpoint as ckpt
 
         assert self.lowered is not None, "lower() first"
@@ -339,7 +347,8 @@ class Session:
             # place waits for it; a frozen teacher's goes on until a checkpoint pins it
             if any(p.trainable for p in self.loads.params):
                 self.loads.identities()
-            return []
+            moved = self.choices.moved(self.made)  # a bundle's choices, chosen afresh
+            return ["chose afresh, not the bundle's choices", *moved] if moved else []
         trainer.restore(self.checkpoint.params, self.checkpoint.states, stage=self.stage)
         # A checkpoint names its frozen :load parameters: read from their files again,
         # which must be the bytes the checkpoint's run read (E-LOAD-001).

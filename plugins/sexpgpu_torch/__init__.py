@@ -62,8 +62,24 @@ def join_group(device: str) -> Any:
 
 def compile_cache(folder: str) -> dict[str, str]:
     """``LoweringInfo.compile_cache`` of the compiled lowering: inductor's caches (its
-    FX graphs, AOTAutograd's, the built C++ kernels) and Triton's kernels in ``folder``."""
-    return {"TORCHINDUCTOR_CACHE_DIR": folder, "TRITON_CACHE_DIR": f"{folder}/triton"}
+    FX graphs, AOTAutograd's, the built C++ kernels) and Triton's kernels in ``folder``.
+
+    Without precompiled C++ headers: inductor builds its header in the machine's
+    temporary folder before it looks for a built kernel, so a replay on a machine
+    whose temporary folder lacks it would spend seconds building a header it never
+    uses; and the switch is part of every cache key, so the bundling and the
+    replaying process must agree on it. A process that has already imported torch
+    (an embedding program) read the switch then: it is set in torch's config too."""
+    import sys
+
+    inductor_config = sys.modules.get("torch._inductor.config")
+    if inductor_config is not None:
+        inductor_config.cpp_cache_precompile_headers = False  # type: ignore[attr-defined]
+    return {
+        "TORCHINDUCTOR_CACHE_DIR": folder,
+        "TRITON_CACHE_DIR": f"{folder}/triton",
+        "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS": "0",
+    }
 
 
 @hookimpl

@@ -120,40 +120,63 @@ def test_a_bundle_replays_the_file_s_run_to_the_bit_without_reading_the_project(
         assert_same_tensors(tmp_path / "ck-file" / step, elsewhere / "ck" / step)
 
 
-def test_a_bundled_run_s_checkpoint_resumes_from_the_file_to_the_bit(tmp_path):
+def _resume(tmp_path: Path, source: object, checkpoint: Path, name: str) -> Path:
+    """``checkpoint`` copied into the folder ``name`` and resumed there with ``source``
+    (the file or the bundle) to the end; returns that folder."""
+    shutil.copytree(checkpoint, tmp_path / name / checkpoint.name)
+    _ok(
+        run_sexpgpu(
+            "run", source, "--checkpoint-dir", name, "--resume", "latest",
+            "--metrics-dir", f"m-{name}", cwd=tmp_path,
+        )
+    )  # fmt: skip
+    return tmp_path / name
+
+
+def _resumed_lines(tmp_path: Path, name: str) -> list[str]:
+    (run_dir,) = experiments(tmp_path / f"m-{name}")
+    (text,) = [e["text"] for e in events(run_dir) if e.get("text", "").startswith("resumed")]
+    return text.splitlines()
+
+
+def test_a_bundled_run_s_checkpoints_resume_from_the_file_and_back_to_the_bit(tmp_path):
     main = _project(tmp_path / "proj")
     _ok(run_sexpgpu("bundle", main, "-o", "run.sxb", cwd=tmp_path))
     _ok(run_sexpgpu("run", main, "--checkpoint-dir", "whole", "--metrics-dir", "m", cwd=tmp_path))
-    _ok(run_sexpgpu("run", "run.sxb", "--steps", "2", "--checkpoint-dir", "ck", cwd=tmp_path))
-    resumed = run_sexpgpu(
-        "run", main, "--checkpoint-dir", "ck", "--resume", "latest", "--metrics-dir", "m2",
-        cwd=tmp_path,
-    )  # fmt: skip
-    _ok(resumed)
-    assert_same_tensors(tmp_path / "whole" / "step-00000004", tmp_path / "ck" / "step-00000004")
-    (run_dir,) = experiments(tmp_path / "m2")
-    (text,) = [e["text"] for e in events(run_dir) if e.get("text", "").startswith("resumed")]
-    lines = text.splitlines()
+    _ok(run_sexpgpu("run", "run.sxb", "--checkpoint-dir", "ck", "--metrics-dir", "m", cwd=tmp_path))
+    last = "step-00000004"
+    for step in step_dirs(tmp_path / "whole"):
+        assert_same_tensors(tmp_path / "whole" / step, tmp_path / "ck" / step)
+    # every checkpoint of each, resumed from the other, ends as an uninterrupted run
+    for step in step_dirs(tmp_path / "whole")[:-1]:
+        from_bundle = _resume(tmp_path, main, tmp_path / "ck" / step, f"file-{step}")
+        assert_same_tensors(tmp_path / "whole" / last, from_bundle / last)
+        from_file = _resume(tmp_path, "run.sxb", tmp_path / "whole" / step, f"bundle-{step}")
+        assert_same_tensors(tmp_path / "whole" / last, from_file / last)
+
+    lines = _resumed_lines(tmp_path, "file-step-00000002")
     # the bundle's sources are its own paths and rewritten files; its load copies too
-    assert lines[0] == "resumed from ck/step-00000002"
+    assert lines[0] == "resumed from file-step-00000002/step-00000002"
     assert lines[1].startswith("source run.sx ") and not lines[1].endswith(" -")
     assert lines[2].startswith("source ../outside/1/net.sx ") and lines[2].endswith(" -> -")
     assert lines[3].startswith("source ../lib/net.sx - -> ")
-    assert lines[4] == "knob steps 2 -> 4"
-    loads = lines[5:]
+    loads = lines[4:]
     assert [line.split()[:2] for line in loads] == [
         ["load", "model.head"], ["load", "teacher.embed"], ["load", "teacher.head"]
     ]  # fmt: skip
-    assert loads[0].endswith(f"-> {tmp_path / 'proj' / 'main' / 'head.safetensors'}")
-    assert "/outside/2/teacher.safetensors -> " in loads[1]
-    # and the reverse: the file's checkpoint resumed from the bundle
-    shutil.copytree(tmp_path / "whole" / "step-00000002", tmp_path / "back" / "step-00000002")
-    _ok(
-        run_sexpgpu(
-            "run", "run.sxb", "--checkpoint-dir", "back", "--resume", "latest", cwd=tmp_path
-        )
-    )
-    assert_same_tensors(tmp_path / "whole" / "step-00000004", tmp_path / "back" / "step-00000004")
+    # a bundle's copies are named by their paths in the bundle, wherever it was unpacked
+    assert loads[0] == (
+        f"load model.head sources/head.safetensors -> "
+        f"{tmp_path / 'proj' / 'main' / 'head.safetensors'}"
+    ), loads[0]
+    assert loads[1].startswith("load teacher.embed outside/2/teacher.safetensors -> ")
+    back = _resumed_lines(tmp_path, "bundle-step-00000002")
+    assert back[4].startswith("load model.head ") and back[4].endswith(
+        " -> sources/head.safetensors"
+    ), back
+    # a bundle's checkpoint resumed from the bundle again: nothing moved
+    _resume(tmp_path, "run.sxb", tmp_path / "ck" / "step-00000002", "again")
+    assert _resumed_lines(tmp_path, "again") == ["resumed from again/step-00000002"]
 
 
 def _rewrite_manifest(bundle: Path, change) -> None:
@@ -181,6 +204,35 @@ def test_another_torch_is_one_line_unless_fresh(tmp_path):
     assert "torch 1.0.0 ->" in line
     fresh = run_sexpgpu("run", "run.sxb", "--steps", "1", "--choices", "fresh", cwd=tmp_path)
     _ok(fresh)
+
+
+def test_another_kind_of_machine_is_one_line_unless_fresh(tmp_path):
+    main = _project(tmp_path / "proj")
+    _ok(run_sexpgpu("bundle", main, "-o", "run.sxb", cwd=tmp_path))
+
+    def made_elsewhere(manifest):  # a processor capability no x86 or ARM machine runs
+        manifest["choices"]["cpu.capability"] = "quantum"
+        manifest["machine"]["cpu.capability"] = "quantum"
+
+    _rewrite_manifest(tmp_path / "run.sxb", made_elsewhere)
+    refused = run_sexpgpu("run", "run.sxb", "--steps", "1", "--checkpoint-dir", "ck", cwd=tmp_path)
+    assert refused.returncode == 1, refused.stderr
+    (line,) = _said(refused.stderr)
+    assert line.startswith(
+        "sexpgpu run: E-BUNDLE-008: the bundle was made on another kind of machine: "
+        "cpu.capability quantum: torch runs '"
+    ), line
+    assert not (tmp_path / "ck").exists() or not step_dirs(tmp_path / "ck")
+    fresh = run_sexpgpu(
+        "run", "run.sxb", "--steps", "1", "--choices", "fresh", "--metrics-dir", "m",
+        cwd=tmp_path,
+    )  # fmt: skip
+    _ok(fresh)
+    (run_dir,) = experiments(tmp_path / "m")
+    (text,) = [e["text"] for e in events(run_dir) if e.get("text", "").startswith("chose")]
+    first, *moved = text.splitlines()
+    assert first == "chose afresh, not the bundle's choices"
+    assert [line.rsplit(" ", 1)[0] for line in moved] == ["choice cpu.capability quantum ->"]
 
 
 def test_a_damaged_bundle_is_one_line_and_runs_nothing(tmp_path):

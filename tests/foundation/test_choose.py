@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from sexpgpu.choices import Choices, requested_sites
+from sexpgpu.choices import Choices, kernel_requests
 from sexpgpu.errors import CheckpointError, PluginError, Pos, UsageError
 from sexpgpu.extension import KernelInfo
 from sexpgpu.kernels import choose_kernels, recorded
@@ -88,10 +88,13 @@ def test_a_malformed_request_is_a_usage_error(item: str) -> None:
 
 
 def test_a_kind_names_each_of_its_sites_and_a_full_name_wins_over_it() -> None:
-    wanted = requested_sites(_program(), {"attention": "fast", A2: "plain"})
-    assert wanted == {A1: ("fast", "attention"), A2: ("plain", A2)}
+    wanted = kernel_requests(_program(), {"attention": "fast", A2: "plain"})
+    assert wanted == (
+        {A1: "fast", A2: "plain"},
+        {A1: "--choose attention=fast", A2: f"--choose {A2}=plain"},
+    )
     # the same requests in the other order: the full name still wins
-    assert requested_sites(_program(), {A2: "plain", "attention": "fast"}) == wanted
+    assert kernel_requests(_program(), {A2: "plain", "attention": "fast"}) == wanted
 
 
 @pytest.mark.parametrize(
@@ -105,14 +108,14 @@ def test_a_kind_names_each_of_its_sites_and_a_full_name_wins_over_it() -> None:
 )
 def test_a_target_the_program_lacks_is_a_usage_error(target: str, says: str) -> None:
     with pytest.raises(UsageError) as caught:
-        requested_sites(_program(), {target: "plain"}, OPTIONS)
+        kernel_requests(_program(), {target: "plain"}, OPTIONS)
     assert str(caught.value).startswith(f"--choose {target}=plain: ")
     assert says in str(caught.value)
 
 
 def test_a_program_without_sites_says_it_has_none() -> None:
     with pytest.raises(UsageError, match=r"no choice site or kind 'stack' \(it has none\)$"):
-        requested_sites(_program(sites=()), {"stack": "unrolled"})
+        kernel_requests(_program(sites=()), {"stack": "unrolled"})
 
 
 # ------------------------------------------------------------------ meeting the record

@@ -100,7 +100,7 @@ def _make(
     loads = {p.load.uri for p in program.params if p.load is not None}
     loads |= {source.uri for source in session.loads.sources.values()}
     contents = gather(program, loads=loads, data=_data_paths(program, plugins), with_data=with_data)
-    used = {r.name: r.version for r in plugins.records if r.available and not r.disabled}
+    used = _plugins_used(plugins, program, session.made)
     manifest = {
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "main": contents.main,
@@ -165,6 +165,42 @@ def _cache_files(folder: Path) -> dict[str, Path]:
     }
 
 
+def _plugins_used(plugins: Any, program: Any, made: dict[str, str]) -> dict[str, str]:
+    """Each plugin the program uses, by name, with its version: the lowering's and the
+    chosen kernels', its optimizers', data sources', plugin ops', eval metrics' and
+    the evaluator's.
+    A machine that lacks a plugin the program does not use may still run the bundle."""
+    ops = set()
+
+    def walk(graph: Any) -> None:
+        for node in graph.nodes:
+            ops.add(node.op)
+            if "body" in node.attrs:
+                walk(node.attrs["body"])
+
+    for graph in [stage.loss for stage in program.stages] + [p.graph for p in program.evals]:
+        walk(graph)
+    kernels = {(site.kind, made.get(site.name)) for site in program.sites}
+    wanted = {
+        "sexpgpu_lowerings": lambda i: i.name == made.get("lowering"),
+        "sexpgpu_kernels": lambda i: (i.kind, i.name) in kernels,
+        "sexpgpu_optimizers": lambda i: i.name in {s.optimizer.name for s in program.stages},
+        "sexpgpu_data_sources": lambda i: (
+            i.name
+            in {s.data.source for s in program.stages} | {p.data.source for p in program.evals}
+        ),
+        "sexpgpu_ops": lambda i: i.name in ops,
+        "sexpgpu_eval_metrics": lambda i: any(i.name in p.metrics for p in program.evals),
+        "sexpgpu_evaluators": lambda i: bool(program.evals),
+    }
+    used = {}
+    for hook, uses in wanted.items():
+        for info, record in plugins.supplied(hook):
+            if record.available and not record.disabled and uses(info):
+                used[record.name] = record.version
+    return dict(sorted(used.items()))
+
+
 def _data_paths(program: Any, plugins: Any) -> list[str]:
     """The files the program's data sources read (their ``path_options``)."""
     decls = [stage.data for stage in program.stages] + [p.data for p in program.evals]
@@ -185,11 +221,11 @@ def _show(name: str) -> None:
         import tempfile
         from pathlib import Path
 
-        from sexpgpu.bundle.opening import _fetch
+        from sexpgpu.bundle.opening import fetch
 
         with tempfile.TemporaryDirectory(prefix="sexpgpu-bundle-") as folder:
             local = str(Path(folder) / "bundle.sxb")
-            _fetch(name, local, catalog().open_location)
+            fetch(name, local, catalog().open_location)
             manifest = read_manifest(local)
     else:
         manifest = read_manifest(name.removeprefix("file://"))

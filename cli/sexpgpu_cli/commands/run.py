@@ -173,7 +173,13 @@ def run(
         return Reporter(total=total, step=step, every=every, terminal=True, tokens=tokens)
 
     options = RunOptions(
-        selection=Selection(file, sets=parse_sets(sets), variant=variant, steps=steps),
+        selection=Selection(
+            file,
+            sets=parse_sets(sets),
+            variant=variant,
+            steps=steps,
+            unpacked=None if bundled is None else str(bundled.folder),
+        ),
         target=target,
         metrics_dir=metrics_dir,
         metrics_sinks=tuple(metrics_sinks),

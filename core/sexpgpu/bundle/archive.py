@@ -10,6 +10,7 @@ a hostile zip makes :mod:`zipfile`, :mod:`zlib` or :mod:`json` fail is one
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -24,9 +25,6 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
-
-from jsonschema import Draft202012Validator, validators
-from jsonschema.exceptions import ValidationError, best_match
 
 from sexpgpu.checkpoint.schema import MAX_DEPTH, nesting_depth
 from sexpgpu.errors import SexpError
@@ -107,12 +105,19 @@ MANIFEST_SCHEMA: dict[str, Any] = _record(
 )
 """What ``manifest.json`` must hold (docs/bundle.md); keys it does not name are kept."""
 
-# JSON Schema takes 1.0 for an integer and Python takes True: neither is a size or a
-# format number sexpgpu writes.
-_INTEGER = Draft202012Validator.TYPE_CHECKER.redefine(
-    "integer", lambda _, v: isinstance(v, int) and not isinstance(v, bool)
-)
-_VALIDATOR = validators.extend(Draft202012Validator, type_checker=_INTEGER)(MANIFEST_SCHEMA)
+
+@functools.cache
+def _validator() -> Any:
+    """The manifest's validator, made when a manifest is first read: jsonschema is
+    imported then, not by every `sexpgpu run` that asks whether a file is a bundle."""
+    from jsonschema import Draft202012Validator, validators
+
+    # JSON Schema takes 1.0 for an integer and Python takes True: neither is a size or
+    # a format number sexpgpu writes.
+    integer = Draft202012Validator.TYPE_CHECKER.redefine(
+        "integer", lambda _, v: isinstance(v, int) and not isinstance(v, bool)
+    )
+    return validators.extend(Draft202012Validator, type_checker=integer)(MANIFEST_SCHEMA)
 
 
 def _error(code: str, where: str, what: str) -> BundleError:
@@ -168,7 +173,7 @@ def _check_names(names: list[str], where: str) -> None:
             raise _error(E_UNSAFE, where, f"member {_shown(name)} is both a file and a folder")
 
 
-def _said(error: ValidationError) -> str:
+def _said(error: Any) -> str:
     """One short line for a schema violation, never echoing the (untrusted) value."""
     place = "/".join(str(p) for p in error.absolute_path) or "the manifest"
     wanted, kind = error.validator_value, str(error.validator)
@@ -196,7 +201,9 @@ def _checked(value: Any, where: str) -> dict[str, Any]:
     # a later format may change any key, so its number is read before its shape
     if isinstance(number, int) and not isinstance(number, bool) and number != FORMAT:
         raise _error(E_MANIFEST, where, f"format {number}, where this sexpgpu reads {FORMAT}")
-    problem = best_match(_VALIDATOR.iter_errors(value))
+    from jsonschema.exceptions import best_match
+
+    problem = best_match(_validator().iter_errors(value))
     if problem is not None:
         raise _error(E_MANIFEST, where, _said(problem))
     members, compiled = value["members"], value["compiled"]

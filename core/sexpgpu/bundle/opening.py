@@ -26,6 +26,9 @@ E_DATA = "E-BUNDLE-007"
 E_FETCH = "E-BUNDLE-006"
 """A bundle that cannot be read from where it was named."""
 
+E_MACHINE = "E-BUNDLE-008"
+"""A bundle whose compiled kernels and choices were made on another kind of machine."""
+
 SUFFIX = ".sxb"
 """A bundle's file name ends so; ``sexpgpu run`` tells a bundle from a `.sx` file by it."""
 
@@ -80,7 +83,7 @@ def unpack(
     local = name
     if "://" in name and not name.startswith("file://"):
         local = str(into.parent / f"{into.name}{SUFFIX}")
-        _fetch(name, local, open_location)
+        fetch(name, local, open_location)
     elif name.startswith("file://"):
         local = name[len("file://") :]
     if not os.path.isfile(local):
@@ -96,7 +99,7 @@ def unpack(
     return Unpacked(manifest, into)
 
 
-def _fetch(uri: str, target: str, open_location: Callable[[str], Any]) -> None:
+def fetch(uri: str, target: str, open_location: Callable[[str], Any]) -> None:
     """Copy the object ``uri`` to ``target`` in ranged reads, never whole in memory."""
     from sexpgpu.errors import SexpError
 
@@ -180,6 +183,49 @@ def machine_kind(choices: Mapping[str, str]) -> dict[str, str]:
         for k, v in choices.items()
         if k in ("cpu.capability", "cpu.blas") or k.startswith("cuda.device")
     }
+
+
+def machine_differences(bundled: Mapping[str, str], made: Mapping[str, str]) -> list[str]:
+    """``choice bundled -> here`` for each machine-kind choice (:func:`machine_kind`) the
+    bundle recorded that this machine's lowering made otherwise."""
+    here = machine_kind(made)
+    return [
+        f"{name} {value} -> {here.get(name, 'none')}"
+        for name, value in sorted(bundled.items())
+        if here.get(name) != value
+    ]
+
+
+def lower_on_its_machine(bundled: Mapping[str, str], lowering: Callable[[], Any]) -> Any:
+    """``lowering()`` (a :class:`~sexpgpu.session.Lowered`) for a run that takes the
+    bundle's choices ``bundled`` (``{}``: none); ``E-BUNDLE-008`` when one that names the
+    bundling machine's kind (:func:`machine_kind`) cannot be taken here, or when this
+    machine's lowering records another."""
+    from sexpgpu.choices import ChoiceRefused
+
+    machine = machine_kind(bundled)
+    if not machine:
+        return lowering()
+    try:
+        lowered = lowering()
+    except ChoiceRefused as exc:
+        if exc.choice not in machine:
+            raise
+        raise refuse_machine([f"{exc.choice} {exc.value}: {exc.why}"]) from None
+    differences = machine_differences(machine, lowered.made)
+    if differences:
+        raise refuse_machine(differences)
+    return lowered
+
+
+def refuse_machine(differences: list[str]) -> BundleError:
+    """The one-line refusal of a bundle made on another kind of machine than this one."""
+    return BundleError(
+        "the bundle was made on another kind of machine: "
+        + "; ".join(differences)
+        + " (run it on a machine of its kind, or with --choices fresh)",
+        code=E_MACHINE,
+    )
 
 
 def check_data(name: str, manifest: Mapping[str, Any]) -> None:

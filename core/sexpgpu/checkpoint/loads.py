@@ -245,6 +245,14 @@ def _follow(uri: str) -> tuple[str, str | None]:
     return (uri if real == path else real), real
 
 
+def _in_bundle(uri: str, bundle: str | None) -> str:
+    """``uri`` by its path in the bundle unpacked into the folder ``bundle``, if there."""
+    if bundle is None or "://" in uri or not os.path.isabs(uri):
+        return uri
+    inside = os.path.relpath(os.path.normpath(uri), os.path.normpath(bundle))
+    return uri if inside.startswith("..") else inside
+
+
 def _local_path(uri: str) -> str | None:
     """The absolute path of a plain path or ``file://`` URI, as the local backend reads
     it; ``None`` for a ``file://`` URI of another machine (the backend says why)."""
@@ -334,9 +342,12 @@ class Loads:
     and each file's identity once (:meth:`identities`).
     """
 
-    def __init__(self, params: Iterable[ParamDecl], open_location: Opener) -> None:
+    def __init__(
+        self, params: Iterable[ParamDecl], open_location: Opener, *, bundle: str | None = None
+    ) -> None:
         self.params = [p for p in params if p.load is not None]
         self._open_location = open_location
+        self._bundle = bundle
         self._files: dict[str, SafetensorsFile] = {}
         self._indexes: dict[str, dict[str, str]] = {}
         self._identities: dict[str, ObjectIdentity | Hashing] = {}
@@ -347,10 +358,11 @@ class Loads:
         self.sources: dict[str, Source] = {}
 
     @classmethod
-    def of(cls, program: Program, open_location: Opener) -> Loads:
+    def of(cls, program: Program, open_location: Opener, *, bundle: str | None = None) -> Loads:
         """The ``:load`` parameters of ``program``, their files opened with
-        ``open_location`` (:meth:`sexpgpu.catalog.Catalog.open_location`)."""
-        return cls(program.params, open_location)
+        ``open_location`` (:meth:`sexpgpu.catalog.Catalog.open_location`); ``bundle``:
+        the folder a bundle holding ``program`` was unpacked into (:meth:`identities`)."""
+        return cls(program.params, open_location, bundle=bundle)
 
     def __bool__(self) -> bool:
         return bool(self.params)
@@ -452,8 +464,10 @@ class Loads:
 
     def identities(self) -> dict[str, dict[str, Any]]:
         """Each ``:load`` parameter's ``{"uri", "tensor", "size", "version"}``, as a
-        checkpoint pins it (``uri`` as the program names it, a link's too); a file's
-        identity is read once per run, a local file's hash waited for."""
+        checkpoint pins it (``uri`` as the program names it, a link's too; a file of the
+        bundle the program was unpacked from by its path in the bundle, so that the runs
+        of one bundle, unpacked into other folders, name it alike); a file's identity is
+        read once per run, a local file's hash waited for."""
         self._join_prefetch()
         self._identify()
         pinned = {}
@@ -463,7 +477,7 @@ class Loads:
                 with _at(source.pos):
                     identity = self._identities[source.uri] = identity.result()
             pinned[path] = {
-                "uri": source.uri,
+                "uri": _in_bundle(source.uri, self._bundle),
                 "tensor": source.tensor,
                 "size": identity.size,
                 "version": identity.version,

@@ -12,9 +12,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import ValidationError, best_match
-
 from sexpgpu.checkpoint.keys import E_TOO_DEEP
 from sexpgpu.errors import CheckpointError
 
@@ -161,10 +158,7 @@ STATE_SCHEMA: dict[str, Any] = {
 }
 """What ``state.json`` may hold."""
 
-_VALIDATORS = {
-    id(EXPERIMENT_SCHEMA): Draft202012Validator(EXPERIMENT_SCHEMA),
-    id(STATE_SCHEMA): Draft202012Validator(STATE_SCHEMA),
-}
+_VALIDATORS: dict[int, Any] = {}  # by the schema's id; made when first asked (see violation)
 
 
 def too_deep(where: str) -> CheckpointError:
@@ -205,7 +199,7 @@ def load_json(data: bytes | memoryview, where: str, damaged: Any) -> Any:
     return value
 
 
-def _said(error: ValidationError) -> str:
+def _said(error: Any) -> str:
     """One short line for a schema violation: where in the record, and what is wrong,
     without echoing the (untrusted, possibly huge) value itself."""
     place = "/".join(str(p) for p in error.absolute_path) or "the record"
@@ -234,5 +228,12 @@ def _said(error: ValidationError) -> str:
 
 def violation(record: Any, schema: dict[str, Any]) -> str | None:
     """The first way ``record`` breaks ``schema`` in one line, or ``None`` when it fits."""
+    # jsonschema is imported here, not with the module: a run that reads no
+    # checkpoint never pays its import (about 0.3 s, with attrs)
+    from jsonschema import Draft202012Validator
+    from jsonschema.exceptions import best_match
+
+    if id(schema) not in _VALIDATORS:
+        _VALIDATORS[id(schema)] = Draft202012Validator(schema)
     error = best_match(_VALIDATORS[id(schema)].iter_errors(record))
     return None if error is None else _said(error)
