@@ -1,4 +1,4 @@
-"""``sexpgpu run`` and ``sexpgpu evaluate`` in processes forked from an interpreter
+"""``sexpgpu run``, ``evaluate`` and ``bundle`` in processes forked from an interpreter
 that has already imported torch.
 
 Most of a small run's cost is ``import torch`` (about 2.6 s of CPU here), paid
@@ -72,7 +72,7 @@ CONSOLE_CODE = "from sexpgpu_cli.main import main; main()"
 MODULE = ["-m", "sexpgpu_cli"]
 """How torch's elastic launcher (``sexpgpu run --devices N``) starts each rank."""
 
-FORKED_COMMANDS = frozenset({"run", "evaluate"})
+FORKED_COMMANDS = frozenset({"run", "evaluate", "bundle"})
 """The commands that import torch: the only ones a fork saves time on."""
 
 PRELOAD = (
@@ -303,7 +303,7 @@ def forkable(args: object, kwargs: dict) -> tuple[dict, Preloader] | None:
 
 
 class Popen(_ORIGINAL_POPEN):
-    """``subprocess.Popen``, forking ``sexpgpu run``/``evaluate`` from a preloader
+    """``subprocess.Popen``, forking ``sexpgpu run``/``evaluate``/``bundle`` from a preloader
     where it can (see the module's docstring) and starting everything else as usual."""
 
     def __init__(self, args, *positional, **kwargs) -> None:  # type: ignore[no-untyped-def]

@@ -296,6 +296,53 @@ def test_a_bundle_in_a_bucket_runs_and_checkpoints_there(bucket: Bucket, tmp_pat
     assert line.startswith(f"sexpgpu run: E-BUNDLE-001: {bad} is damaged: "), line
 
 
+STORE_PROGRAM = """\
+(defknob steps 3)
+(defmodel net (vocab dim)
+  (param embed [vocab dim] :init (normal 0.02) :load (file "{index}" "embed.weight"))
+  (param head [dim vocab] :init (normal 0.02) :load (file "{index}" "lm_head.weight"))
+  (forward (tokens) (matmul (take embed tokens) head)))
+(defdata train (arithmetic :digits 3) :seq 16 :batch 4)
+(defrun fromstore :model (net 32 8) :data train :loss (cross-entropy (model inputs) targets)
+  :optimizer (adam :lr 0.01) :steps steps :checkpoint-every 1 :seed 5)
+"""
+
+
+def test_load_files_in_an_object_store_are_copied_in_and_read_from_the_bundle(
+    bucket: Bucket, tmp_path
+):
+    # an index and its two shards in the bucket: copied in side by side
+    rng = np.random.default_rng(5)
+    prefix = unique_prefix()
+    shards = {
+        "shard-1.safetensors": {"embed.weight": rng.normal(size=(32, 8)).astype(np.float32)},
+        "shard-2.safetensors": {"lm_head.weight": rng.normal(size=(8, 32)).astype(np.float32)},
+    }
+    for name, arrays in shards.items():
+        save_file(arrays, str(tmp_path / name))
+        _upload(bucket, f"{prefix}/model/{name}", tmp_path / name)
+    index = {"weight_map": {k: name for name, arrays in shards.items() for k in arrays}}
+    (tmp_path / "index.json").write_text(json.dumps(index))
+    _upload(bucket, f"{prefix}/model/model.safetensors.index.json", tmp_path / "index.json")
+    uri = bucket.uri(f"{prefix}/model/model.safetensors.index.json")
+    (tmp_path / "store.sx").write_text(STORE_PROGRAM.replace("{index}", uri))
+    env = bucket.env()
+    _ok(run_sexpgpu("bundle", "store.sx", "-o", "store.sxb", cwd=tmp_path, env=env))
+    _ok(run_sexpgpu("run", "store.sx", "--checkpoint-dir", "file", cwd=tmp_path, env=env))
+    with zipfile.ZipFile(tmp_path / "store.sxb") as archive:
+        names = set(archive.namelist())
+    assert {
+        "outside/1/model.safetensors.index.json",
+        "outside/1/shard-1.safetensors",
+        "outside/1/shard-2.safetensors",
+    } <= names, names
+    # the bundle runs where the bucket cannot be reached: it reads its copies
+    cut_off = bucket.env(endpoint="http://127.0.0.1:9")
+    _ok(run_sexpgpu("run", "store.sxb", "--checkpoint-dir", "bundle", cwd=tmp_path, env=cut_off))
+    for step in step_dirs(tmp_path / "file"):
+        assert_same_tensors(tmp_path / "file" / step, tmp_path / "bundle" / step)
+
+
 def test_a_data_file_recorded_not_copied_must_be_the_same_bytes(tmp_path):
     main = _project(tmp_path / "proj")
     _ok(run_sexpgpu("bundle", main, "-o", "run.sxb", cwd=tmp_path))

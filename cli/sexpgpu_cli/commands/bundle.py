@@ -80,27 +80,55 @@ def _make(
     file: str, output: str, *, sets: dict[str, str], steps: int | None, variant: str | None,
     device: str, lowering: str | None, requests: tuple[str, ...], with_data: bool,
 ) -> dict[str, Any]:  # fmt: skip
-    from sexpgpu.bundle.archive import write_bundle
-    from sexpgpu.bundle.make import gather
-    from sexpgpu.bundle.opening import installed_versions, machine_kind
-    from sexpgpu.checkpoint.records import jsonable
-    from sexpgpu.session import Selection, Session, Target
+    from sexpgpu.session import Selection, Target
     from sexpgpu_cli.environment import prepare_environment
     from sexpgpu_cli.options import parse_requests
 
     plugins = catalog()
     target = Target(device=device, lowering=lowering or None, choose=parse_requests(requests))
     cache = _compile_into_a_new_cache(plugins, target)
-    prepare_environment(plugins, target, resume=None, checkpoint_dir=None)
-    selection = Selection(file, sets=sets, variant=variant, steps=steps)
+    fetched = Path(tempfile.mkdtemp(prefix="sexpgpu-fetched-"))
+    try:
+        prepare_environment(plugins, target, resume=None, checkpoint_dir=None)
+        selection = Selection(file, sets=sets, variant=variant, steps=steps)
+        return _write(
+            plugins, selection, target, output, cache=cache, fetched=fetched, with_data=with_data
+        )
+    finally:
+        shutil.rmtree(fetched, ignore_errors=True)
+        if cache is not None:
+            shutil.rmtree(cache, ignore_errors=True)
+
+
+def _write(
+    plugins: Any, selection: Any, target: Any, output: str, *, cache: Path | None,
+    fetched: Path, with_data: bool,
+) -> dict[str, Any]:  # fmt: skip
+    """Compile and lower ``selection`` as `run` would, and write the bundle ``output``;
+    ``cache``: the empty folder the compiler fills, ``fetched``: one for object-store
+    files fetched to be copied in."""
+    from sexpgpu.bundle.archive import write_bundle
+    from sexpgpu.bundle.make import gather
+    from sexpgpu.bundle.opening import fetch, installed_versions, machine_kind
+    from sexpgpu.checkpoint.records import jsonable
+    from sexpgpu.session import Session
+
     session = Session.start(plugins, selection, target)
-    trainer = session.lower(device)
+    trainer = session.lower(target.device)
     seconds = trainer.warm_up()  # a compiling lowering compiles every graph now
     program = session.program
     loads = {p.load.uri for p in program.params if p.load is not None}
     loads |= {source.uri for source in session.loads.sources.values()}
-    contents = gather(program, loads=loads, data=_data_paths(program, plugins), with_data=with_data)
-    used = _plugins_used(plugins, program, session.made)
+
+    def fetch_copy(uri: str) -> Path:
+        copy = fetched / str(len(list(fetched.iterdir())))
+        fetch(uri, str(copy), plugins.open_location)
+        return copy
+
+    contents = gather(
+        program, loads=loads, data=_data_paths(program, plugins), with_data=with_data,
+        fetch=fetch_copy, known=_hashed(session.loaded),
+    )  # fmt: skip
     manifest = {
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "main": contents.main,
@@ -109,15 +137,15 @@ def _make(
         "data_files": contents.data,
         "selection": {
             "variant": program.variant,
-            "sets": sets,
-            "steps": steps,
+            "sets": dict(selection.sets),
+            "steps": selection.steps,
             "knobs": [
                 {"name": k.name, "value": jsonable(k.value), "source": k.source}
                 for k in program.knobs
             ],
         },
         "choices": dict(sorted(session.made.items())),
-        "versions": installed_versions(used),
+        "versions": installed_versions(_plugins_used(plugins, program, session.made)),
         "machine": machine_kind(session.made),
         "compiled": None,
     }
@@ -129,11 +157,20 @@ def _make(
         manifest["compiled"] = {
             "folder": COMPILED, "files": len(files), "size": size, "seconds": seconds
         }  # fmt: skip
-    try:
-        return write_bundle(output, manifest, members)
-    finally:
-        if cache is not None:
-            shutil.rmtree(cache, ignore_errors=True)
+    entries = [*contents.loads, *contents.data]
+    read = {e["member"]: (e["size"], e["sha256"]) for e in entries if e.get("member")}
+    return write_bundle(output, manifest, members, known=read)
+
+
+def _hashed(loaded: dict[str, dict[str, Any]]) -> dict[str, tuple[int, str]]:
+    """The size and sha256 of each local ``:load`` file the run has already hashed, by
+    its real path (a local file's version is ``sha256:<hex>``)."""
+    hashed = {}
+    for identity in loaded.values():
+        uri, version = str(identity["uri"]), str(identity.get("version") or "")
+        if "://" not in uri and version.startswith("sha256:"):
+            hashed[os.path.realpath(uri)] = (int(identity["size"]), version[len("sha256:") :])
+    return hashed
 
 
 COMPILED = "compiled"

@@ -444,17 +444,27 @@ def _zip_info(name: str, size: int) -> zipfile.ZipInfo:
 
 
 def write_bundle(
-    path: str | Path, manifest: Mapping[str, Any], members: Mapping[str, bytes | Path]
+    path: str | Path,
+    manifest: Mapping[str, Any],
+    members: Mapping[str, bytes | Path],
+    *,
+    known: Mapping[str, tuple[int, str]] | None = None,
 ) -> dict[str, Any]:
     """Write the bundle ``path`` atomically: ``manifest``, with ``format`` and each of
     ``members`` (a name to bytes, or to a file read in 1 MiB chunks) with its size and
-    sha256 added, then the members. Refuses what a reader would; returns the manifest."""
+    sha256 added, then the members. ``known``: a member's size and sha256 already read
+    (it is not read twice before writing; the write checks it). Refuses what a reader
+    would; returns the manifest."""
     where, target = str(path), Path(path)
     if MANIFEST in members:
         raise _error(E_UNSAFE, where, f"member {MANIFEST} is the manifest's own name")
     _check_names([MANIFEST, *members], where)
     # hashed before writing, since the manifest that lists the hashes comes first
-    identity = {name: _identify(value) for name, value in sorted(members.items())}
+    known = known or {}
+    identity = {
+        name: known[name] if name in known else _identify(value)
+        for name, value in sorted(members.items())
+    }
     listed = {name: {"size": size, "sha256": sha} for name, (size, sha) in identity.items()}
     try:
         full = {**manifest, "format": FORMAT, "members": listed}

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,18 +49,22 @@ def gather(
     loads: Iterable[str],
     data: Iterable[str],
     with_data: bool,
+    fetch: Callable[[str], Path] | None = None,
+    known: Mapping[str, tuple[int, str]] | None = None,
 ) -> Contents:
     """The bundle contents of ``program`` (a compiled :class:`~sexpgpu.lang.ir.Program`):
-    its sources, the local ``loads`` (every file a ``:load`` reads, the shards of an
-    index included) and the local ``data`` files, copied when ``with_data`` and
-    otherwise recorded by path, size and sha256. Object-store URIs are not copied."""
+    its sources, every file a ``:load`` reads (``loads``, the shards of an index
+    included; one in an object store fetched to a local file by ``fetch``) and the
+    local ``data`` files, copied when ``with_data`` and otherwise recorded by path,
+    size and sha256. Object-store data stays a URI."""
     main_path = os.path.realpath(program.file)
     root = os.path.dirname(main_path)
     files = [s.path for s in program.sources if s.path is not None]
     local_loads = sorted({os.path.realpath(_path(u)) for u in loads if _local(u)})
+    remote_loads = sorted({u for u in loads if not _local(u)})
     local_data = sorted({os.path.realpath(_path(u)) for u in data if _local(u)})
     copied = [*files, *local_loads, *(local_data if with_data else ())]
-    placed = _places(root, copied)
+    placed = _places(root, copied, remote_loads)
     contents = Contents(main=placed[main_path])
     for source in program.sources:
         if source.path is None:
@@ -79,12 +83,20 @@ def gather(
                 "original": source.path,
             }
         )
+    known = known or {}
     for path in local_loads:
-        size, digest = _identify(path)
+        size, digest = known[path] if path in known else _identify(path)
         contents.members[placed[path]] = Path(path)
         contents.loads.append({"uri": path, "member": placed[path], "size": size, "sha256": digest})
+    for uri in remote_loads:
+        if fetch is None:
+            raise SexpError(f"{uri}: a :load file in an object store needs a way to fetch it")
+        copy = fetch(uri)
+        size, digest = _identify(str(copy))
+        contents.members[placed[uri]] = copy
+        contents.loads.append({"uri": uri, "member": placed[uri], "size": size, "sha256": digest})
     for path in local_data:
-        size, digest = _identify(path)
+        size, digest = known[path] if path in known else _identify(path)
         member = placed.get(path) if with_data else None
         if member is not None:
             contents.members[member] = Path(path)
@@ -100,18 +112,27 @@ def _path(uri: str) -> str:
     return uri[len("file://") :] if uri.startswith("file://") else uri
 
 
-def _places(root: str, paths: Iterable[str]) -> dict[str, str]:
+def _places(root: str, paths: Iterable[str], uris: Iterable[str] = ()) -> dict[str, str]:
     """Each file's member name: its path under ``sources/`` when it lies inside
-    ``root``, else ``outside/<n>/<its name>``."""
+    ``root``, else ``outside/<n>/<its name>``, one ``n`` per folder (or object-store
+    prefix, for ``uris``), so that the files of one folder stay together: an index
+    finds its shards beside it."""
     placed: dict[str, str] = {}
-    outside = 0
+    folders: dict[str, int] = {}
+
+    def outside(folder: str, name: str) -> str:
+        number = folders.setdefault(folder, len(folders) + 1)
+        return f"{OUTSIDE}/{number}/{name}"
+
     for path in dict.fromkeys(os.path.realpath(p) for p in paths):
         relative = os.path.relpath(path, root)
         if relative.startswith(os.pardir + os.sep) or relative == os.pardir:
-            outside += 1
-            placed[path] = f"{OUTSIDE}/{outside}/{os.path.basename(path)}"
+            placed[path] = outside(os.path.dirname(path), os.path.basename(path))
         else:
             placed[path] = f"{SOURCES}/{Path(relative).as_posix()}"
+    for uri in uris:
+        folder, _, name = uri.rpartition("/")
+        placed[uri] = outside(folder, name)
     return placed
 
 
@@ -131,9 +152,12 @@ def _rewrite(
     starts = _line_starts(text)
     for atom in _strings(read(text, path)):
         value = atom.value
-        if not value or "://" in value or value.startswith("~"):
+        if not value or value.startswith("~") or ("://" in value and value not in placed):
             continue
-        target = os.path.realpath(value if os.path.isabs(value) else os.path.join(here, value))
+        if "://" in value:  # an object-store file copied in
+            target = value
+        else:
+            target = os.path.realpath(value if os.path.isabs(value) else os.path.join(here, value))
         if target in kept:
             wanted = target
         elif target in placed:
