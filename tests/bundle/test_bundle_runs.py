@@ -18,6 +18,7 @@ import pytest
 from safetensors.numpy import save_file
 
 from tests.e2e.helpers import (
+    REPO,
     assert_same_tensors,
     events,
     experiments,
@@ -341,6 +342,27 @@ def test_load_files_in_an_object_store_are_copied_in_and_read_from_the_bundle(
     _ok(run_sexpgpu("run", "store.sxb", "--checkpoint-dir", "bundle", cwd=tmp_path, env=cut_off))
     for step in step_dirs(tmp_path / "file"):
         assert_same_tensors(tmp_path / "file" / step, tmp_path / "bundle" / step)
+
+
+def test_a_bundle_on_two_ranks_holds_the_file_s_bytes_and_resumes_to_them(tmp_path):
+    # the data-parallel tests' program, checkpointed every 2 steps
+    program = (REPO / "tests" / "distributed" / "dp.sx").read_text()
+    assert ":checkpoint-every 20" in program
+    (tmp_path / "dp.sx").write_text(program.replace(":checkpoint-every 20", ":checkpoint-every 2"))
+    _ok(run_sexpgpu("bundle", "dp.sx", "--steps", "4", "-o", "dp.sxb", cwd=tmp_path))
+    two = ("--devices", "2", "--metrics-dir", "m")
+    _ok(run_sexpgpu("run", "dp.sx", "--steps", "4", "--checkpoint-dir", "file", *two, cwd=tmp_path))
+    _ok(run_sexpgpu("run", "dp.sxb", "--checkpoint-dir", "bundle", *two, cwd=tmp_path))
+    for step in ("step-00000002", "step-00000004"):
+        assert_same_tensors(tmp_path / "file" / step, tmp_path / "bundle" / step)
+    shutil.copytree(tmp_path / "bundle" / "step-00000002", tmp_path / "again" / "step-00000002")
+    _ok(
+        run_sexpgpu(
+            "run", "dp.sxb", "--checkpoint-dir", "again", "--resume", "latest", *two,
+            cwd=tmp_path,
+        )
+    )  # fmt: skip
+    assert_same_tensors(tmp_path / "file" / "step-00000004", tmp_path / "again" / "step-00000004")
 
 
 def test_a_data_file_recorded_not_copied_must_be_the_same_bytes(tmp_path):
