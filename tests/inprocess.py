@@ -21,7 +21,9 @@ What a fresh process would have is given to each call and taken back after it:
   place that knows them.
 
 Commands that train (``run``, ``evaluate``), that follow a run (``report
---watch``), signals, launchers and servers stay subprocesses: this refuses them.
+--watch``), signals, launchers and servers stay subprocesses: this refuses them,
+but for a ``run`` or ``evaluate`` the test expects refused before its program is
+lowered (:func:`refused`), which trains nothing either.
 """
 
 from __future__ import annotations
@@ -48,6 +50,12 @@ def sexpgpu(
     ``subprocess.run(..., capture_output=True, text=True)`` would."""
     argv = [str(a) for a in args]
     _refuse_what_needs_a_process(argv, env)
+    return _call(argv, cwd, env)
+
+
+def _call(
+    argv: list[str], cwd: Path | str | None, env: Mapping[str, str] | None
+) -> subprocess.CompletedProcess[str]:
     out, err = io.StringIO(), io.StringIO()
     with (
         _environment(env),
@@ -61,6 +69,38 @@ def sexpgpu(
     return subprocess.CompletedProcess(
         ["sexpgpu", *argv], code, _newlines(out.getvalue()), _newlines(err.getvalue())
     )
+
+
+class ReachedLowering(BaseException):
+    """Raised in a :func:`refused` command that got as far as lowering its program:
+    a BaseException, so that the command's own error handling lets it through."""
+
+
+def refused(
+    *args: object, cwd: Path | str | None = None, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``sexpgpu run`` or ``evaluate`` that the test expects to be refused before its
+    program is lowered (a bad command line, file or checkpoint), run in this process
+    as :func:`sexpgpu` runs the commands that train nothing. Nothing of torch's
+    process-wide state is touched before lowering; a command that gets as far
+    raises :class:`ReachedLowering` into the test instead of training here."""
+    import sexpgpu.session as session
+
+    argv = [str(a) for a in args]
+    if command_named(argv) not in SUBPROCESS_ONLY:
+        raise ValueError("refused() is for sexpgpu run and evaluate; use sexpgpu()")
+    if env is not None and env.get("PYTHONPATH") != os.environ.get("PYTHONPATH"):
+        raise ValueError("another PYTHONPATH (a throwaway plugin) needs a subprocess")
+
+    def reached(*_: object, **__: object) -> None:
+        raise ReachedLowering(f"sexpgpu {' '.join(argv)} was not refused: it lowered")
+
+    lower = session.lower
+    session.lower = reached  # type: ignore[assignment]
+    try:
+        return _call(argv, cwd, env)
+    finally:
+        session.lower = lower
 
 
 def _main(argv: list[str]) -> int:

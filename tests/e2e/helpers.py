@@ -43,6 +43,17 @@ def sexpgpu_in_process(*args: object, cwd: Path, env: dict[str, str] | None = No
     return inprocess.sexpgpu(*args, cwd=cwd, env=env or sexpgpu_env())
 
 
+def refused_in_process(*args: object, cwd: Path, env: dict[str, str] | None = None):
+    """`sexpgpu run ARGS` (or ``evaluate``) that the test expects refused before its
+    program is lowered (a bad file, option or checkpoint), run in this process
+    (tests/inprocess.py, :func:`~tests.inprocess.refused`): what :func:`run_sexpgpu`
+    returns, without a process's start-up; one that gets as far as lowering fails
+    the test instead of training in it."""
+    from tests import inprocess
+
+    return inprocess.refused(*args, cwd=cwd, env=env or sexpgpu_env())
+
+
 def start_sexpgpu(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
     """Start `sexpgpu ARGS` in the background (its own process group)."""
     return subprocess.Popen(

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.helpers import events, experiments, run_sexpgpu, step_dirs
+from tests.e2e.helpers import events, experiments, refused_in_process, run_sexpgpu, step_dirs
 
 from .kit import RESUME_RUN as RUN
 from .kit import error_line
@@ -63,7 +63,7 @@ def test_a_damaged_checkpoint_is_refused_and_nothing_starts(workdir, damage, res
     spoil, expected = DAMAGE[damage]
     spoil(workdir)
     before = _snapshot(workdir)
-    line = error_line(run_sexpgpu(*RUN, "--resume", resume, cwd=workdir))
+    line = error_line(refused_in_process(*RUN, "--resume", resume, cwd=workdir))
     assert line.startswith(f"sexpgpu run: {expected}"), line
     # Not a fresh start: no step written, no step trained, no new experiment.
     assert _snapshot(workdir) == before
@@ -78,7 +78,7 @@ def test_a_cut_off_checkpoint_is_passed_over_but_a_damaged_one_before_it_is_refu
     (workdir / STEP4 / "experiment.json").unlink()
     (workdir / "ckpt" / "step-00000002" / "states.safetensors").unlink()
     before = _snapshot(workdir)
-    line = error_line(run_sexpgpu(*RUN, "--resume", "latest", cwd=workdir))
+    line = error_line(refused_in_process(*RUN, "--resume", "latest", cwd=workdir))
     assert line == (
         "sexpgpu run: E-CKPT-002: ckpt/step-00000002/states.safetensors is missing "
         "from the checkpoint; --resume latest never falls back to an older checkpoint: "
@@ -86,17 +86,17 @@ def test_a_cut_off_checkpoint_is_passed_over_but_a_damaged_one_before_it_is_refu
     ), line
     assert _snapshot(workdir) == before
     # Asked for by name, the cut-off one is not a checkpoint.
-    line = error_line(run_sexpgpu(*RUN, "--resume", str(STEP4), cwd=workdir))
+    line = error_line(refused_in_process(*RUN, "--resume", str(STEP4), cwd=workdir))
     assert line.startswith("sexpgpu run: E-CKPT-001: "), line
     assert _snapshot(workdir) == before
 
 
 def test_resume_locations_that_are_not_there_or_cannot_be_listed(workdir):
     before = _snapshot(workdir)
-    line = error_line(run_sexpgpu(*RUN, "--resume", "ckpt/step-00000009", cwd=workdir))
+    line = error_line(refused_in_process(*RUN, "--resume", "ckpt/step-00000009", cwd=workdir))
     assert line == "sexpgpu run: E-CKPT-001: there is no checkpoint at ckpt/step-00000009", line
     no_location = ["run", "my-run.sx", "--metrics-dir", "m", "--resume", "latest"]
-    line = error_line(run_sexpgpu(*no_location, cwd=workdir), 2)
+    line = error_line(refused_in_process(*no_location, cwd=workdir), 2)
     assert line.startswith("sexpgpu run: E-CKPT-005: --resume latest needs a checkpoint"), line
     (workdir / "afile").write_text("in the way")
     line = error_line(

@@ -1,8 +1,10 @@
 """Damaged and forged checkpoints, each through `sexpgpu run --resume latest` and
-`sexpgpu run --resume DIR` in subprocesses, and `sexpgpu checkpoint DIR` (which trains
-nothing) in this process (tests/inprocess.py), on a local folder: every one is refused with one line and its code (or, for `sexpgpu checkpoint`,
-which reads only headers, shown with its disagreements flagged), never a traceback,
-never a fresh start, and nothing is written anywhere.
+`sexpgpu run --resume DIR`, and `sexpgpu checkpoint DIR`, on a local folder: every one
+is refused with one line and its code (or, for `sexpgpu checkpoint`, which reads only
+headers, shown with its disagreements flagged), never a traceback, never a fresh
+start, and nothing is written anywhere. A refused resume trains nothing, so it runs
+in this process (tests/inprocess.py, which fails a test whose run gets as far as
+lowering); the runs that go on to train are subprocesses.
 
 A forger who edits ``state.json`` and fixes its checksum in ``experiment.json`` too
 ("forged") meets the checks of the fields themselves; one who does not ("edited")
@@ -22,7 +24,14 @@ from pathlib import Path
 import google_crc32c
 import pytest
 
-from tests.e2e.helpers import events, experiments, run_sexpgpu, sexpgpu_in_process, step_dirs
+from tests.e2e.helpers import (
+    events,
+    experiments,
+    refused_in_process,
+    run_sexpgpu,
+    sexpgpu_in_process,
+    step_dirs,
+)
 
 from .kit import RESUME_RUN as RUN
 from .kit import error_line
@@ -243,7 +252,7 @@ def test_a_resume_from_a_damaged_checkpoint_is_refused_and_writes_nothing(workdi
     spoil, expected, _ = DAMAGE[damage]
     spoil(workdir)
     before = _snapshot(workdir)
-    line = error_line(run_sexpgpu(*RUN, "--resume", resume, cwd=workdir, timeout=120))
+    line = error_line(refused_in_process(*RUN, "--resume", resume, cwd=workdir))
     assert line.startswith(f"sexpgpu run: {expected}"), line
     # latest names the checkpoint before the damaged one, unless the damage is that the
     # program cannot continue it (no older one can either) or step-4 cannot be listed.
@@ -293,7 +302,7 @@ def test_flagged_lines_are_escaped_and_name_each_disagreement(workdir):
 def test_the_newest_checkpoint_damaged_with_none_before_it(workdir):
     shutil.rmtree(workdir / "ckpt" / "step-00000002")
     _flip(workdir / P, -5)
-    line = error_line(run_sexpgpu(*RUN, "--resume", "latest", cwd=workdir, timeout=120))
+    line = error_line(refused_in_process(*RUN, "--resume", "latest", cwd=workdir))
     assert line.startswith(f"sexpgpu run: E-CKPT-006: {P} is not the file"), line
     assert line.endswith(
         "there is no complete checkpoint before it (move it aside to start afresh)"
