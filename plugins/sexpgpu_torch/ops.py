@@ -134,7 +134,7 @@ def _binary(node: Node, low: Lowerer, iteration: int | None) -> Fn:
 
 
 _PROMOTING = frozenset(
-    {*_BINARY, "matmul", "concat", "layer_norm", "rms_norm", "attention", "conv2d"}
+    {*_BINARY, "matmul", "concat", "layer_norm", "rms_norm", "attention", "conv2d", "where"}
 )
 """Ops over several floating tensors: each computes in its node's dtype, the IR's
 promotion of its arguments' (docs/ir.md, "Dtypes"), so a ``bf16`` tensor next to an
@@ -236,6 +236,45 @@ def _cast(node: Node, low: Lowerer, iteration: int | None) -> Fn:
     return lambda x: x.to(dt)
 
 
+_COMPARE: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
+    "lt": torch.lt,
+    "le": torch.le,
+    "gt": torch.gt,
+    "ge": torch.ge,
+    "eq": torch.eq,
+    "ne": torch.ne,
+}
+
+
+def _compare(node: Node, low: Lowerer, iteration: int | None) -> Fn:
+    return _COMPARE[node.op]
+
+
+def _argmax(node: Node, low: Lowerer, iteration: int | None) -> Fn:
+    axis, keep = int(node.attrs["axis"]), bool(node.attrs["keepdim"])
+    return lambda x: torch.argmax(x, dim=axis, keepdim=keep)
+
+
+def _gather(node: Node, low: Lowerer, iteration: int | None) -> Fn:
+    axis = int(node.attrs["axis"])
+    if len(low.arg_type(node, 1).shape) == len(low.arg_type(node, 0).shape):
+        return lambda x, i: torch.gather(x, axis, i)
+    # one position per row: read it as a row of one, then drop that axis
+    return lambda x, i: torch.gather(x, axis, i.unsqueeze(axis)).squeeze(axis)
+
+
+def _group(node: Node, low: Lowerer, iteration: int | None) -> Fn:
+    size = int(node.attrs["size"])
+    # torch's std divides by n - 1, as the group advantage of GRPO does
+    statistic = torch.mean if node.op == "group_mean" else torch.std
+
+    def grouped(x: Tensor) -> Tensor:
+        groups = x.reshape(-1, size, *x.shape[1:])
+        return statistic(groups, dim=1, keepdim=True).expand_as(groups).reshape(x.shape)
+
+    return grouped
+
+
 def _fixed(fn: Fn) -> Builder:
     return lambda node, low, iteration: fn
 
@@ -265,6 +304,13 @@ _TABLE: dict[str, Builder] = {
     "accuracy": _fixed(_accuracy),
     "mse": _fixed(_mse),
     "cast": _cast,
+    **{name: _compare for name in _COMPARE},
+    "where": _fixed(torch.where),
+    "argmax": _argmax,
+    "gather": _gather,
+    "stop_gradient": _fixed(torch.Tensor.detach),
+    "group_mean": _group,
+    "group_std": _group,
 }
 
 IMPLEMENTATIONS: dict[str, Builder] = {

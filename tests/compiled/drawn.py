@@ -55,6 +55,23 @@ _SCHEDULES = {
 }
 
 
+_LOSSES = {
+    "ce": "(cross-entropy (model inputs) targets)",
+    # a policy gradient: each record's summed log-probability of the targets, weighted by
+    # its reward (the positions it gets right) normalised within groups of 4 records
+    "pg": """(let [logits (model inputs)
+              picked (maximum targets 0)
+              counted (cast (>= targets 0) f32)
+              seq (sum (* (gather (log-softmax logits) picked) counted) :axis 1)
+              right (cast (== (argmax (stop-gradient logits)) picked) f32)
+              reward (sum (* right counted) :axis 1)
+              adv (/ (- reward (group-mean reward :size 4))
+                     (+ (group-std reward :size 4) 1e-6))]
+          (neg (mean (* (stop-gradient adv) seq))))""",
+}
+"""The losses a drawn program trains with (``sort``'s records: negative targets masked)."""
+
+
 def draw(seed: int, *, lowering: str) -> Drawn:
     """A program drawn from ``seed`` for ``lowering`` (``torch`` or ``compiled``)."""
     rng = random.Random(seed)
@@ -68,6 +85,7 @@ def draw(seed: int, *, lowering: str) -> Drawn:
     stages = rng.choice([1, 2])
     repeat = rng.choice(["none", "plain"] + (["recompute"] if lowering == "compiled" else []))
     frozen = rng.choice([False, True])
+    loss = rng.choice(sorted(_LOSSES))  # drawn last: the other draws of a seed stay as they were
 
     wd = " :weight-decay 0.01" if decay else ""
     opt = _OPTIMIZERS[optimizer].format(wd=wd)
@@ -109,7 +127,7 @@ def draw(seed: int, *, lowering: str) -> Drawn:
             "(defrun drawn",
             "  :model (net 16 16)",
             "  :data train",
-            "  :loss (cross-entropy (model inputs) targets)",
+            f"  :loss {_LOSSES[loss]}",
             schedule_lines,
             "  :checkpoint-every 1",
             f"  :seed {seed % 1000}",
@@ -129,6 +147,7 @@ def draw(seed: int, *, lowering: str) -> Drawn:
         "stages": str(stages),
         "repeat": repeat,
         "frozen": "on" if frozen else "off",
+        "loss": loss,
     }
     choose = ("stack=recompute",) if repeat == "recompute" else ()
     return Drawn(seed, source, features, choose)

@@ -2,8 +2,9 @@
 
 Each CI run draws a few programs (``tests/compiled/drawn.py``: optimizer, weight
 decay, schedule, clip, guard, dropout, bf16, two stages, a repeat with and without
-recompute, a frozen parameter) from a seed taken from the commit, so every commit
-tries other ones and a failure names the seed that makes it again. Each program
+recompute, a frozen parameter, a cross-entropy or a policy-gradient loss) from a seed
+taken from the commit, so every commit tries other ones and a failure names the seed
+that makes it again. Each program
 trains uninterrupted with a checkpoint after every step, on two CPU threads as a
 user's machine would; each checkpoint is resumed in a new process, and every later
 checkpoint must hold the uninterrupted run's bytes. Each program's eval pass

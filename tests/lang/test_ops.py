@@ -61,14 +61,21 @@ def T(*shape, dtype="f32"):
         ("", "(mse x x)", T()),
         ("", "(cast x bf16)", T(4, 4, dtype="bf16")),
         ("", "(-> x (* 2) relu (sum :axis 0))", T(4)),
-        ("", "(if (> 1 0) x x)", None),
+        ("", "(if (> 1 0) x (neg x))", T(4, 4)),  # numbers compare before training
+        ("(param b [4])", "(< x b)", T(4, 4, dtype="bool")),
+        ("", "(!= x 0.5)", T(4, 4, dtype="bool")),
+        ("", "(where (>= x 0) x 0.0)", T(4, 4)),
+        ("(param b [4] :dtype bf16)", "(where (== x 1) b (cast x bf16))", T(4, 4, dtype="bf16")),
+        ("", "(argmax x)", T(4, dtype="i64")),
+        ("", "(argmax x :axis 0 :keepdim true)", T(1, 4, dtype="i64")),
+        ("", "(gather x (argmax x))", T(4)),
+        ("", "(gather x (argmax x :keepdim true) :axis 1)", T(4, 1)),
+        ("", "(stop-gradient x)", T(4, 4)),
+        ("", "(group-mean x :size 2)", T(4, 4)),
+        ("", "(/ (- x (group-mean x :size 4)) (+ (group-std x :size 4) 1e-6))", T(4, 4)),
     ],
 )
 def test_op_shape_rules(params, expr, expected):
-    if expected is None:
-        with pytest.raises(SourceError, match="unknown op '>'"):
-            model_output(params, expr)
-        return
     assert model_output(params, expr) == expected
 
 
@@ -170,6 +177,19 @@ def test_compile_time_arithmetic_folds():
         ("", "(matmul x)", "matmul takes 2 arguments, got 1"),
         ("", "(relu x :p 1)", "relu has no option :p"),
         ("", "(mean x :axis 0 :axes [0])", "mean takes :axis or :axes, not both"),
+        ("(param b [3])", "(< x b)", "lt: shapes f32[4, 4] and f32[3] do not broadcast"),
+        ("", "(where x x x)", "where: the condition must be a bool tensor"),
+        ("", "(argmax x :axis 2)", "argmax: :axis 2 is out of range"),
+        ("", "(gather x x)", "gather: indices must be i64, got f32[4, 4]"),
+        (
+            "",
+            "(gather x (argmax (reshape x [2 8])))",
+            "gather: indices i64[2] must have the shape of f32[4, 4] without axis 1 ([4])",
+        ),
+        ("", "(group-mean x :size 3)", "group_mean: the first axis of f32[4, 4] must hold whole"),
+        ("", "(group-std x :size 1)", "group_std: :size must be an integer >= 2, got 1"),
+        ("", "(group-mean x)", "group-mean needs :size, e.g. :size 4"),
+        ("", "(group-mean (argmax x) :size 2)", "must be a floating tensor"),
     ],
 )
 def test_op_errors_name_the_op_and_shapes(params, expr, message):

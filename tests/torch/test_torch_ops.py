@@ -216,6 +216,101 @@ def test_take_is_an_embedding_lookup() -> None:
     )
 
 
+@pytest.mark.parametrize("op", ["lt", "le", "gt", "ge", "eq", "ne"])
+def test_comparisons_give_bool_with_broadcasting(op: str) -> None:
+    x = torch.tensor([[0.5, 1.0, 2.0], [1.0, -1.0, 0.5]])
+    y = torch.tensor([1.0, 1.0, 0.5])
+    ref = {"lt": torch.lt, "le": torch.le, "gt": torch.gt, "ge": torch.ge}
+    ref |= {"eq": torch.eq, "ne": torch.ne}
+    check(
+        lambda g, n: g.add(op, n["x"], n["y"]),
+        {},
+        lambda x, y: ref[op](x, y),
+        inputs={"x": x, "y": y},
+    )
+    ids = torch.tensor([[3, 1], [0, 3]])
+    check(
+        lambda g, n: g.add(op, n["ids"], g.const(3)),
+        {},
+        lambda ids: ref[op](ids, torch.tensor(3)),
+        inputs={"ids": ids},
+    )
+
+
+def test_where_picks_by_its_condition_and_passes_gradients_to_both_sides() -> None:
+    a, b = randn(2, 3, seed=40), randn(3, seed=41)
+    cond = torch.tensor([[True, False, True], [False, False, True]])
+    check(
+        lambda g, n: g.add("where", n["cond"], n["a"], n["b"]),
+        {"a": a, "b": b},
+        lambda a, b, cond: torch.where(cond, a, b),
+        inputs={"cond": cond},
+    )
+    # the condition made in the graph, and a number on one side
+    check(
+        lambda g, n: g.add("where", g.add("gt", n["a"], g.const(0.0)), n["a"], g.const(0.0)),
+        {"a": a},
+        lambda a: torch.where(a > 0, a, torch.zeros(())),
+    )
+
+
+@pytest.mark.parametrize("keepdim", [False, True])
+def test_argmax_is_the_first_largest_position(keepdim: bool) -> None:
+    x = torch.tensor([[1.0, 3.0, 3.0], [2.0, 0.0, -1.0]])
+    check(
+        lambda g, n: g.add("argmax", n["x"], axis=1, keepdim=keepdim),
+        {},
+        lambda x: torch.argmax(x, dim=1, keepdim=keepdim),
+        inputs={"x": x},
+    )
+    assert torch.argmax(x, dim=1).tolist() == [1, 0]
+
+
+def test_gather_reads_one_value_per_row_or_torch_s_gather() -> None:
+    logp = randn(2, 3, 5, seed=42)
+    tokens = torch.tensor([[4, 0, 2], [1, 1, 3]])
+    check(
+        lambda g, n: g.add("gather", n["logp"], n["tokens"], axis=2),
+        {"logp": logp},
+        lambda logp, tokens: torch.stack(
+            [torch.stack([logp[b, t, tokens[b, t]] for t in range(3)]) for b in range(2)]
+        ),
+        inputs={"tokens": tokens},
+    )
+    x = randn(3, 4, seed=43)
+    idx = torch.tensor([[0, 3], [2, 2], [1, 0]])
+    check(
+        lambda g, n: g.add("gather", n["x"], n["idx"], axis=1),
+        {"x": x},
+        lambda x, idx: torch.gather(x, 1, idx),
+        inputs={"idx": idx},
+    )
+
+
+def test_stop_gradient_passes_values_and_no_gradient() -> None:
+    x = randn(2, 3, seed=44)
+    check(
+        lambda g, n: g.add("mul", n["x"], g.add("stop_gradient", n["x"])),
+        {"x": x},
+        lambda x: x * x.detach(),
+    )
+
+
+@pytest.mark.parametrize("op", ["group_mean", "group_std"])
+def test_group_statistics_normalise_each_sample_against_its_prompt_s(op: str) -> None:
+    r = randn(6, 2, seed=45)  # 3 prompts, 2 samples each, a value per sample and column
+
+    def ref(r):
+        rows = []
+        for k in range(3):
+            group = r[2 * k : 2 * k + 2]
+            value = group.mean(dim=0) if op == "group_mean" else group.std(dim=0)
+            rows += [value, value]
+        return torch.stack(rows)
+
+    check(lambda g, n: g.add(op, n["r"], size=2), {"r": r}, ref)
+
+
 def test_layer_norm_and_rms_norm() -> None:
     x, w, b = randn(2, 3, 6, seed=14), randn(6, seed=15), randn(6, seed=16)
 

@@ -182,7 +182,9 @@ def compile_call(c: OpCall) -> Any:
     tensors: list[T] = []
     for i in range(len(c.positional)):
         arg = spec.args[min(i, len(spec.args) - 1)]
-        like = tensors[0].type.dtype if arg.like == "@0" else arg.like
+        like = arg.like
+        if like is not None and like.startswith("@"):  # an earlier argument's dtype
+            like = tensors[int(like[1:])].type.dtype
         tensors.append(c.tensor(i, like))
     for k in spec.keywords:
         if k.kind == "axis":

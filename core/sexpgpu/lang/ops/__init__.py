@@ -1,7 +1,8 @@
 """The op registry: every op of the language as an :class:`OpSpec` (docs/ir.md).
 
 The built-in ops are registered here from their family modules
-(:mod:`.elementwise`, :mod:`.tensor`, :mod:`.nn`, :mod:`.losses`); a plugin adds
+(:mod:`.elementwise`, :mod:`.tensor`, :mod:`.nn`, :mod:`.losses`,
+:mod:`.select`); a plugin adds
 more through the ``sexpgpu_ops`` hook. :func:`infer` types a node of any
 built-in op, so a mismatch is reported where it was written, naming the op
 and both shapes. This is public API for plugin authors and lowerings.
@@ -14,7 +15,7 @@ from typing import Any
 
 from sexpgpu.errors import Pos
 from sexpgpu.lang.ir import TensorType
-from sexpgpu.lang.ops import elementwise, losses, nn, tensor
+from sexpgpu.lang.ops import elementwise, losses, nn, select, tensor
 from sexpgpu.lang.ops.elementwise import BINARY, UNARY
 from sexpgpu.lang.ops.implementations import NO_IMPLEMENTATION, implementation_of
 from sexpgpu.lang.ops.kernels import (
@@ -73,7 +74,7 @@ __all__ = [
     "same_float",
 ]
 
-BUILTINS = Registry([*elementwise.OPS, *tensor.OPS, *nn.OPS, *losses.OPS])
+BUILTINS = Registry([*elementwise.OPS, *tensor.OPS, *nn.OPS, *losses.OPS, *select.OPS])
 """The built-in ops."""
 
 STRUCTURAL = ("input", "param", "const", "repeat")

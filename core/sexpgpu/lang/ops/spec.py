@@ -54,7 +54,7 @@ class Arg:
 
     A number written in its place becomes a scalar constant: ``f32``, or an
     integer of ``like``'s dtype (``"i64"``; ``"@0"`` means the first argument's
-    dtype). ``optional`` arguments come last and may be left out.
+    dtype, ``"@1"`` the second's). ``optional`` arguments come last and may be left out.
     """
 
     name: str
