@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.helpers import refused_in_process
 from tests.loads.helpers import run_sexpgpu, said, write_project
 
 STEP = "ckpt/step-00000002"
@@ -78,7 +79,7 @@ def test_a_load_entry_without_its_files_identity_is_e_ckpt_003(trained, tmp_path
 
     for resume in (STEP, "latest"):
         run = ["run", "loads.sx", "--checkpoint-dir", "ckpt", "--steps", "4"]
-        resumed = run_sexpgpu(*run, "--resume", resume, cwd=work)
+        resumed = refused_in_process(*run, "--resume", resume, cwd=work)
         assert resumed.returncode == 1, resumed.stderr
         (line,) = said(resumed.stderr)
         assert line.startswith(f"sexpgpu run: {REFUSED}"), line

@@ -43,12 +43,14 @@ def sexpgpu_in_process(*args: object, cwd: Path, env: dict[str, str] | None = No
     return inprocess.sexpgpu(*args, cwd=cwd, env=env or sexpgpu_env())
 
 
-def refused_in_process(*args: object, cwd: Path, env: dict[str, str] | None = None):
+def refused_in_process(
+    *args: object, cwd: Path, env: dict[str, str] | None = None, timeout: float | None = None
+):
     """`sexpgpu run ARGS` (or ``evaluate``) that the test expects refused before its
     program is lowered (a bad file, option or checkpoint), run in this process
     (tests/inprocess.py, :func:`~tests.inprocess.refused`): what :func:`run_sexpgpu`
     returns, without a process's start-up; one that gets as far as lowering fails
-    the test instead of training in it."""
+    the test instead of training in it (``timeout``: ignored, as a refusal is quick)."""
     from tests import inprocess
 
     return inprocess.refused(*args, cwd=cwd, env=env or sexpgpu_env())

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.helpers import refused_in_process
 from tests.foundation.pluginkit import make_plugin
 
 from .helpers import EXAMPLES, events, experiments, run_sexpgpu, sexpgpu_env
@@ -72,7 +73,7 @@ def test_a_resume_pins_the_choice_and_may_repeat_it(project: Path) -> None:
 
 def test_choose_against_the_record_is_refused_unless_fresh(project: Path) -> None:
     resume = ["--resume", str(project / "chose" / "step-00000002")]
-    refused = run_sexpgpu(
+    refused = refused_in_process(
         "run", "nd.sx", *FAST, "--checkpoint-dir", "refused", *resume, "--choose", "stack=unrolled",
         cwd=project,
     )  # fmt: skip

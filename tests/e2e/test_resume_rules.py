@@ -7,6 +7,7 @@ import os
 import textwrap
 from pathlib import Path
 
+from tests.e2e.helpers import refused_in_process
 from tests.foundation.pluginkit import make_plugin
 
 from .helpers import events, experiments, run_sexpgpu, sexpgpu_env, step_dirs
@@ -58,7 +59,7 @@ def test_a_changed_parameter_is_refused_and_nothing_is_written(workdir):
         )
     )
     before = sorted(os.listdir(workdir / "ckpt"))
-    result = run_sexpgpu(*RUN, "--resume", "latest", "--steps", "6", cwd=workdir)
+    result = refused_in_process(*RUN, "--resume", "latest", "--steps", "6", cwd=workdir)
     assert result.returncode == 1
     assert "Traceback" not in result.stderr
     assert "model.embed" in result.stderr and "model.head" in result.stderr
@@ -73,7 +74,7 @@ def test_another_device_count_is_refused_with_e_dp_002(workdir):
     record = json.loads(path.read_text())
     record["devices"] = 2
     path.write_text(json.dumps(record))
-    result = run_sexpgpu(*RUN, "--resume", "latest", "--steps", "6", cwd=workdir)
+    result = refused_in_process(*RUN, "--resume", "latest", "--steps", "6", cwd=workdir)
     assert result.returncode == 1
     assert "E-DP-002" in result.stderr
     assert step_dirs(workdir / "ckpt") == ["step-00000002", "step-00000004"]

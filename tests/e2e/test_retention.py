@@ -14,6 +14,7 @@ import pytest
 
 from sexpgpu.checkpoint.retention import delete_checkpoint, list_steps, prune
 from tests.catalogs import open_location
+from tests.e2e.helpers import refused_in_process
 from tests.foundation.pluginkit import make_plugin
 
 from .helpers import (
@@ -60,13 +61,13 @@ def test_the_command_line_wins_over_the_file(workdir):
 
 
 def test_keep_last_is_at_least_one(workdir):
-    result = run_sexpgpu("run", keep_file(workdir, "0"), cwd=workdir)
+    result = refused_in_process("run", keep_file(workdir, "0"), cwd=workdir)
     assert result.returncode != 0
     assert "keep.sx:" in result.stderr and ":keep-last must be an integer >= 1, got 0" in (
         result.stderr
     )
     assert "Traceback" not in result.stderr
-    flag = run_sexpgpu("run", "examples/my-run.sx", "--keep-last", "0", cwd=workdir)
+    flag = refused_in_process("run", "examples/my-run.sx", "--keep-last", "0", cwd=workdir)
     assert flag.returncode == 2 and "0 is not in the range x>=1" in flag.stderr
 
 

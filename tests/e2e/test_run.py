@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+from tests.e2e.helpers import refused_in_process
+
 from .helpers import (
     assert_every_checkpoint_complete,
     events,
@@ -87,7 +89,7 @@ def test_resume_latest_starts_restarts_and_continues(workdir):
 
 
 def test_resume_latest_needs_a_location(workdir):
-    result = run_sexpgpu(
+    result = refused_in_process(
         "run", "examples/my-run.sx", "--resume", "latest", "--metrics-dir", "m", cwd=workdir
     )
     assert result.returncode != 0
@@ -97,7 +99,7 @@ def test_resume_latest_needs_a_location(workdir):
 
 
 def test_resume_of_a_missing_checkpoint_is_an_error(workdir):
-    result = run_sexpgpu(
+    result = refused_in_process(
         "run",
         "examples/my-run.sx",
         "--resume",

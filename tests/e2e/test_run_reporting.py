@@ -11,6 +11,8 @@ import subprocess
 
 import pytest
 
+from tests.e2e.helpers import refused_in_process
+
 from .helpers import REPO, SEXPGPU, events, experiments, run_sexpgpu, sexpgpu_env, status
 
 
@@ -51,7 +53,7 @@ def test_log_every_bounds_the_step_lines(workdir):
 
 
 def test_a_bad_log_every_is_one_line(workdir):
-    result = run_sexpgpu("run", "examples/my-run.sx", "--log-every", "3x", cwd=workdir)
+    result = refused_in_process("run", "examples/my-run.sx", "--log-every", "3x", cwd=workdir)
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
     assert "sexpgpu run: --log-every takes steps (100), seconds (30s)" in result.stderr
@@ -178,7 +180,7 @@ def test_a_finished_run_started_again_changes_nothing(workdir):
 def test_steps_takes_what_its_help_shows(workdir):
     shown = run_sexpgpu("run", "--help", cwd=workdir)
     assert "--steps INTEGER RANGE" in shown.stdout and "x>=1" in shown.stdout
-    zero = run_sexpgpu("run", "examples/my-run.sx", "--steps", "0", cwd=workdir)
+    zero = refused_in_process("run", "examples/my-run.sx", "--steps", "0", cwd=workdir)
     assert zero.returncode == 2
     assert "Invalid value for '--steps': 0 is not in the range x>=1" in zero.stderr
     one = run_sexpgpu(

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import google_crc32c
 
-from tests.e2e.helpers import run_sexpgpu
+from tests.e2e.helpers import refused_in_process, run_sexpgpu
 from tests.e2e_storage.buckets import Bucket, gcs_admin_client, s3_admin_client, said
 from tests.servers import free_port, unique_prefix
 
@@ -62,7 +62,7 @@ def test_a_byte_changed_in_the_bucket_is_refused_by_a_resume(bucket: Bucket, wor
 def test_credentials_in_the_endpoint_url_are_not_echoed(s3: Bucket, workdir: Path):
     endpoint = f"http://someone:hunter2secret@127.0.0.1:{free_port()}"
     env = s3.env(endpoint=endpoint, SEXPGPU_S3_MAX_ATTEMPTS="1")
-    done = run_sexpgpu(
+    done = refused_in_process(
         *RUN, "--checkpoint-dir", s3.uri(unique_prefix()), cwd=workdir, env=env, timeout=120
     )
     assert done.returncode == 1, done.stderr

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.helpers import EXAMPLES, events, experiments, run_sexpgpu, status
+from tests.e2e.helpers import EXAMPLES, events, experiments, refused_in_process, run_sexpgpu, status
 from tests.e2e_storage.buckets import CHECKPOINT_FILES, Bucket, assert_same_tensors, said
 from tests.servers import unique_prefix
 
@@ -141,7 +141,7 @@ def test_resume_from_a_step_that_is_not_there_is_one_line(reference: Reference, 
     bucket = reference.bucket
     prefix = unique_prefix()
     missing = f"{reference.uri}/step-00000003"
-    done = run_sexpgpu(
+    done = refused_in_process(
         *RUN,
         "--metrics-dir",
         "m",

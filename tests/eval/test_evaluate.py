@@ -8,7 +8,7 @@ import signal
 import time
 from pathlib import Path
 
-from tests.e2e.helpers import events, run_sexpgpu, sexpgpu_env, start_sexpgpu
+from tests.e2e.helpers import events, refused_in_process, run_sexpgpu, sexpgpu_env, start_sexpgpu
 from tests.foundation.pluginkit import make_plugin
 
 from .kit import RUN, eval_points, one_line, the_run, train
@@ -247,7 +247,7 @@ def test_an_evaluator_needs_no_training_data(workdir):
         == eval_points(workdir, source=None)[(4, "probe/loss")]
     )
     # the run itself still checks every file before its first step, with the place
-    run = run_sexpgpu(*RUN, "--resume", "latest", cwd=workdir)
+    run = refused_in_process(*RUN, "--resume", "latest", cwd=workdir)
     assert run.returncode != 0 and "E-DATA-001" in one_line(run.stderr)
     assert one_line(run.stderr).startswith("eval.sx:")
     # the pass's own data is read, and its absence is one line

@@ -5,7 +5,14 @@ from __future__ import annotations
 import json
 import signal
 
-from tests.e2e.helpers import events, run_sexpgpu, sexpgpu_env, start_sexpgpu, wait_for_step
+from tests.e2e.helpers import (
+    events,
+    refused_in_process,
+    run_sexpgpu,
+    sexpgpu_env,
+    start_sexpgpu,
+    wait_for_step,
+)
 from tests.foundation.pluginkit import make_plugin
 
 from .kit import RUN, eval_points, one_line, the_run
@@ -18,7 +25,7 @@ def test_disabled_a_run_without_passes_trains_and_one_with_passes_stops_before_s
     (workdir / "plain.sx").write_text(text[:start].rstrip() + ")\n")
     plain = run_sexpgpu("run", "plain.sx", "--metrics-dir", "m0", cwd=workdir, env=env)
     assert plain.returncode == 0, plain.stderr
-    result = run_sexpgpu(*RUN, cwd=workdir, env=env)
+    result = refused_in_process(*RUN, cwd=workdir, env=env)
     assert result.returncode == 1
     assert one_line(result.stderr) == (
         "eval.sx:20:11: E-EVAL-001: eval passes (:evals) cannot run: no available plugin "
@@ -30,7 +37,7 @@ def test_disabled_a_run_without_passes_trains_and_one_with_passes_stops_before_s
 def test_an_unknown_metric_is_one_positioned_line(workdir):
     text = (workdir / "eval.sx").read_text().replace("(loss))))", "(los))))")
     (workdir / "eval.sx").write_text(text)
-    result = run_sexpgpu(*RUN, cwd=workdir)
+    result = refused_in_process(*RUN, cwd=workdir)
     assert result.returncode == 1
     assert one_line(result.stderr).startswith(
         "eval.sx:22:42: unknown metric los (did you mean 'loss'?): a metric is one of "

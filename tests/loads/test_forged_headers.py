@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import run_sexpgpu, said, write_project
+from tests.e2e.helpers import refused_in_process
+
+from .helpers import said, write_project
 
 GOOD = {
     "teacher.embed.weight": {"dtype": "F32", "shape": [32, 8], "data_offsets": [0, 1024]},
@@ -30,7 +32,7 @@ def test_a_forged_entry_is_one_line_with_e_load_002(tmp_path: Path, case: str) -
     raw = json.dumps(header).encode()
     data = len(raw).to_bytes(8, "little") + raw + bytes(2048)
     (tmp_path / "teacher.safetensors").write_bytes(data)
-    done = run_sexpgpu("run", "loads.sx", "--checkpoint-dir", "ckpt", cwd=tmp_path)
+    done = refused_in_process("run", "loads.sx", "--checkpoint-dir", "ckpt", cwd=tmp_path)
     assert done.returncode == 1, done.stderr
     assert "Traceback" not in done.stderr
     (line,) = said(done.stderr)
