@@ -80,8 +80,8 @@ class Declarations:
             )
         options = dict(info.options)
         for kw, node in keywords:
-            key = kw.name.replace("-", "_")
-            if key not in info.options:
+            key = declared_option(kw.name, info.options)
+            if key is None:
                 valid = [":" + k.replace("_", "-") for k in info.options]
                 raise err(
                     f"data source '{sname.name}' has no option :{kw.name}{suggest(':' + kw.name, valid)};"
@@ -174,8 +174,8 @@ class Declarations:
                 else:
                     clip = float(c)
                 continue
-            key = kw.name.replace("-", "_")
-            if key not in info.options:
+            key = declared_option(kw.name, info.options)
+            if key is None:
                 valid = [":" + k.replace("_", "-") for k in info.options] + [":schedule", ":clip"]
                 raise err(
                     f"optimizer '{name.name}' has no option :{kw.name}{suggest(':' + kw.name, valid)};"
@@ -243,3 +243,11 @@ def _no_evaluator(catalog: Catalog) -> str:
             f"{listing(disabled)}"
         )
     return "no installed plugin supplies them (see `sexpgpu plugins`)"
+
+
+def declared_option(written: str, options: Mapping[str, Any]) -> str | None:
+    """The key of ``options`` (a plugin's defaults) that the option ``:written`` sets:
+    a plugin may spell it with ``_`` or ``-`` (``weight_decay``, ``weight-decay``), and
+    a `.sx` file writes ``:weight-decay``; ``None`` when it declares no such option."""
+    wanted = written.replace("-", "_")
+    return next((key for key in options if key.replace("-", "_") == wanted), None)

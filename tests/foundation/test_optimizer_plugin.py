@@ -1,0 +1,108 @@
+"""A third-party optimizer written from docs/plugins.md, as a user writes one: its
+options spelled as the docs spell them (``"weight-decay"``) are set from a `.sx` file's
+``:weight-decay``, and ``propose`` receives the types the docs say."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.e2e.helpers import run_sexpgpu
+from tests.foundation.pluginkit import make_plugin, user_env
+
+LION = '''
+"""Lion (sign of an interpolated momentum), a third-party optimizer."""
+
+import json
+import os
+
+import torch
+
+from sexpgpu.extension import OptimizerInfo
+from sexpgpu.hookspecs import hookimpl
+
+
+def _kind(value):
+    if isinstance(value, torch.Tensor):
+        return "tensor"
+    if isinstance(value, (list, tuple)):
+        return "list of " + ",".join(sorted({_kind(v) for v in value}))
+    if isinstance(value, dict):
+        return "dict of " + ",".join(sorted({_kind(v) for v in value.values()}))
+    return type(value).__name__
+
+
+class LionUpdate:
+    def init_states(self, params, options):
+        return {"m": [torch.zeros_like(p, dtype=torch.float32) for p in params]}
+
+    def propose(self, params, grads, states, *, lr, count, options, decay):
+        seen = {
+            "params": _kind(params), "grads": _kind(grads), "states": _kind(states),
+            "lr": _kind(lr), "count": _kind(count), "decay": _kind(list(decay)),
+            "options": dict(options),
+        }
+        with open(os.environ["LION_SEEN"], "a") as handle:
+            handle.write(json.dumps(seen) + "\\n")
+        b1, b2, wd = options["beta1"], options["beta2"], options["weight-decay"]
+        new_params, new_m = [], []
+        for p, g, m, d in zip(params, grads, states["m"], decay):
+            g32, p32 = g.float(), p.float()
+            if d and wd:
+                p32 = p32 * (1 - lr * wd)
+            new_params.append((p32 - lr * torch.sign(b1 * m + (1 - b1) * g32)).to(p.dtype))
+            new_m.append(b2 * m + (1 - b2) * g32)
+        return new_params, {"m": new_m}
+
+
+@hookimpl
+def sexpgpu_optimizers():
+    return [
+        OptimizerInfo(
+            name="lion",
+            options={"lr": 1e-4, "beta1": 0.9, "beta2": 0.99, "weight-decay": 0.0},
+            state_names=lambda options: ("m",),
+            factory=LionUpdate,
+            doc="Lion: the sign of an interpolated momentum",
+        )
+    ]
+'''
+
+PROGRAM = """
+(defmodel net (vocab dim)
+  (param embed [vocab dim] :init (normal 0.02))
+  (param head [dim vocab] :init (normal 0.02))
+  (forward (tokens) (matmul (take embed tokens) head)))
+(defdata train (arithmetic :digits 3) :seq 16 :batch 4)
+(defrun lion-run
+  :model (net 32 8)
+  :data train
+  :loss (cross-entropy (model inputs) targets)
+  :optimizer (lion :lr 0.001 :weight-decay 0.1)
+  :steps 2
+  :seed 1)
+"""
+
+
+def test_an_optimizer_s_options_are_set_as_written_and_propose_gets_the_documented_types(
+    tmp_path: Path,
+) -> None:
+    plugin = make_plugin(
+        tmp_path / "plugin", "sexpgpu-lion", {"lion_opt": LION}, {"lion": "lion_opt"}
+    )
+    (tmp_path / "lion.sx").write_text(PROGRAM)
+    seen_file = tmp_path / "seen.jsonl"
+    env = user_env([plugin], LION_SEEN=str(seen_file))
+    done = run_sexpgpu("run", "lion.sx", "--metrics-dir", "m", cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stderr
+    seen = [json.loads(line) for line in seen_file.read_text().splitlines()]
+    assert len(seen) == 2  # one proposal a step
+    assert seen[0] == {
+        "params": "list of tensor",
+        "grads": "list of tensor",
+        "states": "dict of list of tensor",
+        "lr": "float",
+        "count": "int",
+        "decay": "list of bool",
+        "options": {"lr": 0.001, "beta1": 0.9, "beta2": 0.99, "weight-decay": 0.1},
+    }
