@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sexpgpu.catalog import Catalog, PluginRecord
+from sexpgpu.lang.ops import REQUIRED
 from sexpgpu.plugin_supplies import COMMANDS_HOOK, defaults_of
 
 
@@ -60,7 +61,27 @@ def _lowering(info: Any) -> dict[str, Any]:
 
 def _op(info: Any) -> dict[str, Any]:
     implementations = getattr(info, "implementations", None) or {}
-    return {"name": info.name, "lowerings": sorted(implementations), "doc": _doc(info)}
+    spec = getattr(info, "spec", None)
+    described: dict[str, Any] = {
+        "name": info.name,
+        "written": list(_written(info)),
+        "lowerings": sorted(implementations),
+        "doc": _doc(info),
+    }
+    keywords = getattr(spec, "keywords", ()) or ()
+    written = {k.name.replace("_", "-"): k for k in keywords}  # as a .sx file writes them
+    required = [name for name, k in written.items() if k.default is REQUIRED]
+    if required:
+        described["required"] = required
+    if len(required) < len(written):
+        described["options"] = {n: k.default for n, k in written.items() if n not in required}
+    return described
+
+
+def _written(info: Any) -> tuple[str, ...]:
+    """The names a `.sx` file calls an op by (``leaky-relu`` for the op ``leaky_relu``)."""
+    spec = getattr(info, "spec", None)
+    return tuple(getattr(spec, "surfaces", ()) or (info.name.replace("_", "-"),))
 
 
 def _name(info: Any) -> str:
@@ -70,7 +91,7 @@ def _name(info: Any) -> str:
 DESCRIBED: dict[str, Described] = {
     "sexpgpu_lowerings": Described("lowering", _name, _lowering),
     "sexpgpu_kernels": Described("kernel", lambda i: f"{i.kind}:{i.name}", _kernel),
-    "sexpgpu_ops": Described("op", _name, _op),
+    "sexpgpu_ops": Described("op", lambda i: " ".join(_written(i)), _op),
     "sexpgpu_optimizers": Described("optimizer", _name, _with_options),
     "sexpgpu_storage_backends": Described(
         "storage",

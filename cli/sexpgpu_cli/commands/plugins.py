@@ -16,6 +16,7 @@ DETAILS: dict[str, Callable[[Any], str]] = {
     "devices": lambda value: "devices " + ", ".join(value),
     "deterministic": lambda value: "deterministic" if value else "non-deterministic",
     "priority": lambda value: f"priority {value}",
+    "required": lambda value: ", ".join(f"{k} required" for k in value),
     "options": lambda value: ", ".join(f"{k}={v!r}" for k, v in value.items()) or "no options",
     "lowerings": lambda value: "implemented for " + (", ".join(value) or "no lowering"),
 }

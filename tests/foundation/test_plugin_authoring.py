@@ -1,6 +1,9 @@
-"""A third-party optimizer written from docs/plugins.md, as a user writes one: its
-options spelled as the docs spell them (``"weight-decay"``) are set from a `.sx` file's
-``:weight-decay``, and ``propose`` receives the types the docs say."""
+"""Third-party plugins written from docs/plugins.md, as a user writes them.
+
+An optimizer's options spelled as the docs spell them (``"weight-decay"``) are set
+from a `.sx` file's ``:weight-decay``, and ``propose`` receives the types the docs
+say; an op is listed by `sexpgpu plugins` as a `.sx` file writes it, with its options
+and their defaults."""
 
 from __future__ import annotations
 
@@ -106,3 +109,56 @@ def test_an_optimizer_s_options_are_set_as_written_and_propose_gets_the_document
         "decay": "list of bool",
         "options": {"lr": 0.001, "beta1": 0.9, "beta2": 0.99, "weight-decay": 0.1},
     }
+
+
+LEAKY = '''
+"""leaky_relu, a third-party op with one option."""
+
+from sexpgpu.extension import OpInfo
+from sexpgpu.hookspecs import hookimpl
+from sexpgpu.lang.ops import Arg, Keyword, OpSpec, same_float
+
+SPEC = OpSpec(
+    "leaky_relu",
+    "x, or slope * x where x < 0",
+    same_float,
+    (Arg("x"),),
+    (Keyword("slope", "number", 0.01), Keyword("scale", "number", example=":scale 1.0")),
+)
+
+
+def torch_leaky(attrs):
+    import torch.nn.functional as F
+
+    return lambda x: F.leaky_relu(x, attrs["slope"]) * attrs["scale"]
+
+
+@hookimpl
+def sexpgpu_ops():
+    return [OpInfo("leaky_relu", SPEC, {"torch": lambda: torch_leaky}, SPEC.doc)]
+'''
+
+
+def test_an_op_is_listed_as_a_file_writes_it_with_its_options(tmp_path: Path) -> None:
+    plugin = make_plugin(
+        tmp_path / "plugin", "sexpgpu-leaky", {"leaky_op": LEAKY}, {"leaky": "leaky_op"}
+    )
+    env = user_env([plugin])
+    listed = run_sexpgpu("plugins", cwd=tmp_path, env=env)
+    assert listed.returncode == 0, listed.stderr
+    (line,) = [
+        line.strip() for line in listed.stdout.splitlines() if "leaky" in line and "op " in line
+    ]
+    assert line == (
+        "op leaky-relu (scale required; slope=0.01; implemented for torch): "
+        "x, or slope * x where x < 0"
+    ), line
+    described = run_sexpgpu("plugins", "--json", cwd=tmp_path, env=env)
+    (plugin_entry,) = [p for p in json.loads(described.stdout) if p["name"] == "leaky"]
+    (op,) = plugin_entry["supplies"]["ops"]
+    assert (op["name"], op["written"], op["required"], op["options"]) == (
+        "leaky_relu",
+        ["leaky-relu"],
+        ["scale"],
+        {"slope": 0.01},
+    )
