@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -136,20 +137,40 @@ def _warn(message: str, path: Path) -> None:
     get_logger("sexpgpu.metrics").warning(message, path=str(path))
 
 
-def read_events(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
-    """The events in a JSONL file, in order, skipping blank and torn lines.
+MOST_LINE = 1 << 20
+"""The longest event line read back (a point is about 200 bytes): a longer one is skipped."""
 
-    Values written as ``"NaN"``, ``"Infinity"`` or ``"-Infinity"`` are given
-    back as strings; ``float()`` turns them into numbers.
+
+def read_events(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
+    """The events in a JSONL file, in order, skipping blank, torn and over-long lines.
+
+    The file is read as hostile: :class:`OSError` for anything but a regular file (a
+    FIFO would hang the reader, a link to ``/dev/zero`` fill its memory), and a line
+    past :data:`MOST_LINE` is skipped a piece at a time. Values written as ``"NaN"``,
+    ``"Infinity"`` or ``"-Infinity"`` are given back as strings; ``float()`` turns
+    them into numbers.
     """
-    with open(path, "rb") as f:
-        for line in f:
-            line = line.strip()
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{os.fspath(path)} is not a regular file")
+        os.set_blocking(fd, True)
+        f = os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+    with f:
+        while raw := f.readline(MOST_LINE + 1):
+            if len(raw) > MOST_LINE and not raw.endswith(b"\n"):
+                while (rest := f.readline(MOST_LINE)) and not rest.endswith(b"\n"):
+                    pass  # the rest of an over-long line, a piece at a time
+                continue
+            line = raw.strip()
             if not line:
                 continue
             try:
                 event = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):
                 continue
             if isinstance(event, dict):
                 yield event

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -176,3 +177,27 @@ def test_a_removed_or_replaced_file_is_opened_again(tmp_path):
     sink.write([{"kind": "point", "step": 3}])
     sink.close()
     assert [e["step"] for e in read_events(path)] == [3]
+
+
+def test_read_events_skips_an_over_long_line_in_pieces(tmp_path: Path) -> None:
+    from sexpgpu_jsonl.sink import MOST_LINE
+
+    path = tmp_path / "events.jsonl"
+    long_line = b'{"kind": "point", "step": 2, "text": "' + b"x" * (3 * MOST_LINE) + b'"}\n'
+    path.write_bytes(
+        b'{"kind": "point", "step": 1}\n' + long_line + b'{"kind": "point", "step": 3}\n'
+    )
+    assert [e["step"] for e in read_events(path)] == [1, 3]
+
+
+@pytest.mark.parametrize("special", ["fifo", "device"])
+def test_read_events_refuses_what_is_no_regular_file_without_hanging(
+    tmp_path: Path, special: str
+) -> None:
+    path = tmp_path / "events.jsonl"
+    if special == "fifo":
+        os.mkfifo(path)  # no writer: reading it would block for ever
+    else:
+        path.symlink_to("/dev/zero")  # reading it whole would fill the memory
+    with pytest.raises(OSError, match="is not a regular file"):
+        list(read_events(path))
