@@ -199,18 +199,10 @@ def _make_project(folder: Path, megabytes: int) -> tuple[Path, Path]:
     return folder / "big.sx", folder / "big.safetensors"
 
 
-def _size_and_sha256(path: Path) -> tuple[int, str]:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(1 << 20):
-            digest.update(chunk)
-    return path.stat().st_size, digest.hexdigest()
-
-
 def bench_write(work: Path, megabytes: int, repeats: int) -> Path:
     """Part 2: ``sexpgpu bundle`` and ``write_bundle`` against copying the files; returns
     the bundle the command wrote."""
-    from sexpgpu.bundle.archive import write_bundle
+    from sexpgpu.bundle.archive import identify, write_bundle
 
     project = work / "project"
     sx, weights = _make_project(project, megabytes)
@@ -229,7 +221,7 @@ def bench_write(work: Path, megabytes: int, repeats: int) -> Path:
         "write_bundle, hashes known",
     )  # fmt: skip
     # what the command hands the writer: the run's one pass hashed the :load file
-    known = {name: _size_and_sha256(path) for name, path in members.items()}
+    known = {name: identify(path) for name, path in members.items()}
     jobs: list[tuple[str, Path | None, Callable[[], object]]] = [
         (cli, out, lambda: _sexpgpu(["bundle", "big.sx", "-o", "out.sxb"], env, project)),
         (show, None, lambda: _sexpgpu(["bundle", "--show", str(out)], env)),

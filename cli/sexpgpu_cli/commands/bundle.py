@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import hashlib
 import os
 import shutil
 import sys
@@ -121,7 +122,7 @@ def _write(
     loads |= {source.uri for source in session.loads.sources.values()}
 
     def fetch_copy(uri: str) -> Path:
-        copy = fetched / str(len(list(fetched.iterdir())))
+        copy = fetched / hashlib.sha256(uri.encode()).hexdigest()  # one name per object
         fetch(uri, str(copy), plugins.open_location)
         return copy
 

@@ -423,7 +423,8 @@ def _read(value: bytes | Path) -> Iterator[bytes]:
             yield chunk
 
 
-def _identify(value: bytes | Path) -> tuple[int, str]:
+def identify(value: bytes | Path) -> tuple[int, str]:
+    """``value``'s size and sha256 (bytes, or the file it names, read in 1 MiB chunks)."""
     digest, size = hashlib.sha256(), 0
     for chunk in _read(value):
         digest.update(chunk)
@@ -462,7 +463,7 @@ def write_bundle(
     # hashed before writing, since the manifest that lists the hashes comes first
     known = known or {}
     identity = {
-        name: known[name] if name in known else _identify(value)
+        name: known[name] if name in known else identify(value)
         for name, value in sorted(members.items())
     }
     listed = {name: {"size": size, "sha256": sha} for name, (size, sha) in identity.items()}

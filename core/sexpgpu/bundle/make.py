@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sexpgpu.bundle.archive import identify
 from sexpgpu.errors import SexpError
 
 SOURCES = "sources"
@@ -27,8 +28,6 @@ SOURCES = "sources"
 
 OUTSIDE = "outside"
 """The member folder of files from outside the main file's folder."""
-
-_CHUNK = 1 << 20
 
 
 @dataclass
@@ -85,18 +84,18 @@ def gather(
         )
     known = known or {}
     for path in local_loads:
-        size, digest = known[path] if path in known else _identify(path)
+        size, digest = known[path] if path in known else identify(Path(path))
         contents.members[placed[path]] = Path(path)
         contents.loads.append({"uri": path, "member": placed[path], "size": size, "sha256": digest})
     for uri in remote_loads:
         if fetch is None:
             raise SexpError(f"{uri}: a :load file in an object store needs a way to fetch it")
         copy = fetch(uri)
-        size, digest = _identify(str(copy))
+        size, digest = identify(copy)
         contents.members[placed[uri]] = copy
         contents.loads.append({"uri": uri, "member": placed[uri], "size": size, "sha256": digest})
     for path in local_data:
-        size, digest = known[path] if path in known else _identify(path)
+        size, digest = known[path] if path in known else identify(Path(path))
         member = placed.get(path) if with_data else None
         if member is not None:
             contents.members[member] = Path(path)
@@ -203,14 +202,3 @@ def _string_end(text: str, start: int) -> int:
             return i + 1
         i += 1
     raise SexpError(f"an unterminated string at offset {start}")  # the reader read it
-
-
-def _identify(path: str) -> tuple[int, str]:
-    """A file's size and sha256, read in chunks."""
-    digest = hashlib.sha256()
-    size = 0
-    with open(path, "rb") as handle:
-        while chunk := handle.read(_CHUNK):
-            digest.update(chunk)
-            size += len(chunk)
-    return size, digest.hexdigest()
