@@ -9,21 +9,25 @@ from typing import Any
 import click
 
 from sexpgpu.catalog import Catalog, PluginRecord
-from sexpgpu.plugin_supplies import COMMANDS_HOOK, Conflict
+from sexpgpu.plugin_supplies import COMMANDS_HOOK, PROJECT_DISTRIBUTION, Conflict
 
 
 def add_commands(catalog: Catalog, cli: click.Group, reserved: Collection[str] = ()) -> None:
     """Let every available plugin of ``catalog`` add its subcommands to ``cli``.
 
     Each plugin adds its commands to a group of its own first, so that what it adds
-    is known before anything is replaced: a plugin adding a command named in
-    ``reserved`` (the built-in ones) is made unavailable, and a command two plugins
+    is known before anything is replaced: a third-party plugin adding a command named
+    in ``reserved`` (the built-in ones) or one sexpgpu's own plugins add (``report``)
+    is made unavailable, and a command two plugins
     add is replaced by one that refuses with the conflict (kept in
     ``catalog.command_conflicts`` for ``sexpgpu plugins``). A plugin whose hook raises
     is skipped.
     """
     claims: dict[str, list[tuple[PluginRecord, click.Command]]] = {}
-    for record in catalog.records:
+    # sexpgpu's own plugins add theirs first: a third party's is never their equal
+    own = sorted(catalog.records, key=lambda r: r.distribution != PROJECT_DISTRIBUTION)
+    ours: set[str] = set()
+    for record in own:
         if COMMANDS_HOOK not in record.hooks or not record.available:
             continue
         staging = click.Group(name=cli.name)
@@ -36,8 +40,10 @@ def add_commands(catalog: Catalog, cli: click.Group, reserved: Collection[str] =
             name: command.get_short_help_str(limit=100)
             for name, command in sorted(staging.commands.items())
         }
-        taken = sorted(set(staging.commands) & set(reserved))
-        if taken:
+        if record.distribution == PROJECT_DISTRIBUTION:
+            ours.update(staging.commands)
+        taken = sorted(set(staging.commands) & (set(reserved) | ours))
+        if taken and record.distribution != PROJECT_DISTRIBUTION:
             record.available = False
             listed = ", ".join(f"'{name}'" for name in taken)
             record.reason = (

@@ -1,17 +1,14 @@
 """The catalog: what the installed plugins supply, found once and handed to whatever needs it.
 
-Plugins are the modules named by entry points in the group ``sexpgpu``; our own
-built-in plugins are found the same way. :meth:`Catalog.load` finds and loads
-them; :meth:`Catalog.of` builds a catalog from plugin modules in hand (a test, a
-tool), with no entry point installed. This is the only module that builds
-pluggy's manager: the compiler, the session, storage and metrics are given a
-catalog, never fetch one.
+Plugins are the modules the entry points of group ``sexpgpu`` name, ours included.
+:meth:`Catalog.load` finds and loads them; :meth:`Catalog.of` builds a catalog of
+modules in hand (a test, a tool). Only this module builds pluggy's manager: the
+compiler, the session, storage and metrics are given a catalog, never fetch one.
 
-A plugin that fails to import is kept as a record with its reason, so ``sexpgpu
-plugins`` can say why, and nothing that does not need it breaks. Two plugins
-supplying the same thing is a conflict: the contested thing is refused
-(``E-PLUGIN-001``), never given to whichever loaded first (see
-:mod:`sexpgpu.plugin_supplies`).
+A plugin that fails to import, or supplies a descriptor that breaks its contract
+(:mod:`sexpgpu.lang.contracts`), is kept with its reason for ``sexpgpu plugins``.
+Two plugins supplying one thing conflict: the contested thing is refused
+(``E-PLUGIN-001``), never given to whichever loaded first (:mod:`sexpgpu.plugin_supplies`).
 
 Environment variables: ``SEXPGPU_DISABLE_PLUGINS=a,b`` skips plugins by
 entry-point name; ``SEXPGPU_DISABLE_DISTRIBUTIONS=x,y`` skips every plugin of
@@ -21,6 +18,7 @@ the traceback of a plugin that failed.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 import os
@@ -35,6 +33,7 @@ import pluggy
 
 from sexpgpu import __version__, hookspecs
 from sexpgpu.errors import PluginError, StorageError
+from sexpgpu.lang.text import listing, suggest
 from sexpgpu.plugin_supplies import (
     DISABLE_PLUGINS,
     PROJECT_DISTRIBUTION,
@@ -49,17 +48,7 @@ from sexpgpu.plugin_supplies import (
 )
 
 if TYPE_CHECKING:
-    from sexpgpu.extension import (
-        DataSourceInfo,
-        EvalMetricInfo,
-        EvaluatorInfo,
-        KernelInfo,
-        LoweringInfo,
-        MetricsSinkInfo,
-        OpInfo,
-        OptimizerInfo,
-        Storage,
-    )
+    from sexpgpu import extension as ext
 
 __all__ = ["ENTRY_POINT_GROUP", "HOOK_NAMES", "Catalog", "PluginRecord"]
 
@@ -221,8 +210,7 @@ class Catalog:
         for name in names:
             if name in known:
                 continue
-            close = nearest(name, known)
-            hint = f" (did you mean '{close}'?)" if close else ""
+            hint = suggest(name, known)
             self.warnings.append(f"{variable} names '{name}', which is no installed plugin{hint}")
 
     def _trace(self) -> None:
@@ -251,13 +239,13 @@ class Catalog:
         return next((r for r in self.records if r.name == name), None)
 
     def supplied(self, hook: str) -> list[tuple[Any, PluginRecord]]:
-        """Every descriptor that loaded plugins supply through ``hook``, with its plugin.
-
-        Unavailable plugins are asked too (their descriptors are cheap), so that
-        a lookup can say "this needs plugin X, which is unavailable because ..."
-        instead of "unknown". A plugin whose hook raises becomes unavailable.
-        """
+        """Every descriptor loaded plugins supply through ``hook``, with its plugin.
+        Unavailable plugins are asked too, so a lookup can say "this needs plugin X,
+        which is unavailable because ...". A plugin whose hook raises, or whose
+        descriptor breaks its contract, becomes unavailable."""
         if hook not in self._supplied:
+            from sexpgpu.lang.contracts import broken
+
             found: list[tuple[Any, PluginRecord]] = []
             for record in self.records:
                 if record.plugin is None or hook not in record.hooks:
@@ -268,7 +256,11 @@ class Catalog:
                     self.fail(record, f"{hook} failed", exc)
                     self._failed.add((record.name, hook))
                     continue
-                found.extend((item, record) for item in items)
+                for item in items:
+                    found.append((item, record))
+                    problem = broken(hook, item)
+                    if problem and record.available:
+                        record.available, record.reason = False, problem
             self._supplied[hook] = found
         return list(self._supplied[hook])
 
@@ -276,12 +268,9 @@ class Catalog:
         return [(item, record) for item, record in self.supplied(hook) if record.available]
 
     def available(self, hook: str) -> list[Any]:
-        """The descriptors supplied through ``hook`` by available plugins.
-
-        A descriptor two plugins both claim (see :meth:`conflicts`) comes as a
-        copy whose factories raise ``E-PLUGIN-001``: choosing among them still
-        works, using the contested one fails with the conflict.
-        """
+        """The descriptors available plugins supply through ``hook``. One two plugins
+        claim (:meth:`conflicts`) comes as a copy whose factories raise ``E-PLUGIN-001``:
+        choosing among them works, using the contested one fails with the conflict."""
         claims = self._claims(hook)
         found = find_conflicts(hook, ((i, r.name, r.where) for i, r in claims))
         handed: list[Any] = []
@@ -291,13 +280,9 @@ class Catalog:
         return handed
 
     def require(self, hook: str, what: str, matches: Callable[[Any], bool]) -> Any:
-        """The available descriptor from ``hook`` for which ``matches`` is true.
-
-        Raises :class:`PluginError`: ``E-PLUGIN-001`` naming every plugin when
-        more than one available plugin matches; naming ``what`` when none does,
-        with that plugin's reason and install hint when only an unavailable one
-        does.
-        """
+        """The available descriptor from ``hook`` for which ``matches`` is true; else a
+        :class:`PluginError`: ``E-PLUGIN-001`` naming every plugin when several match,
+        the plugin's reason when only an unavailable one does, ``what`` when none does."""
         matching = [(item, record) for item, record in self.supplied(hook) if matches(item)]
         usable = [(item, record) for item, record in matching if record.available]
         owners = {record.name: record.where for _, record in usable}
@@ -312,13 +297,33 @@ class Catalog:
             )
         raise PluginError(f"no installed plugin supplies {what} (see `sexpgpu plugins`)")
 
-    def conflicts(self) -> list[Conflict]:
-        """Every conflict among available plugins: descriptors and CLI commands."""
+    def named(self, hook: str, kind: str, name: str) -> Any:
+        """The available descriptor of ``hook`` called ``name`` (a ``kind``, as in
+        "metrics sink"). An unknown name is refused with the nearest known one, every
+        known one, and the plugins disabled that might supply it; else as :meth:`require`."""
+        known = sorted({item.name for item, _ in self.supplied(hook)})
+        if name not in known:
+            raise PluginError(
+                f"unknown {kind} '{name}'{suggest(name, known)}; {kind}s: {listing(known)}"
+                + self.disabled_hint()
+            )
+        return self.require(hook, f"the {kind} '{name}'", lambda item: item.name == name)
+
+    def disabled_hint(self) -> str:
+        """What to add to "unknown" when disabled plugins might have supplied the name."""
+        disabled = sorted(r.name for r in self.records if r.disabled)
+        if not disabled:
+            return ""
+        return f"; it may come from a plugin disabled by {DISABLE_PLUGINS}: {', '.join(disabled)}"
+
+    def conflicts(self, hook: str | None = None) -> list[Conflict]:
+        """Every conflict among available plugins (and the core's built-in ops): over
+        what ``hook`` supplies, or over every descriptor and CLI command."""
         found: list[Conflict] = []
-        for hook in SUPPLIES:
-            claims = self._claims(hook)
-            found.extend(find_conflicts(hook, ((i, r.name, r.where) for i, r in claims)))
-        return found + self.command_conflicts
+        for name in SUPPLIES if hook is None else (hook,):
+            claims = self._claims(name)
+            found.extend(find_conflicts(name, ((i, r.name, r.where) for i, r in claims)))
+        return found + (self.command_conflicts if hook is None else [])
 
     def failed(self, record: PluginRecord, hook: str) -> bool:
         """Whether ``record``'s ``hook`` raised when it was asked (the plugin is then
@@ -327,19 +332,24 @@ class Catalog:
 
     # -- what the core takes, typed
 
-    def lowerings(self) -> list[LoweringInfo]:
+    def lowerings(self) -> list[ext.LoweringInfo]:
         """Every available lowering."""
         return self.available("sexpgpu_lowerings")
 
-    def kernels(self) -> list[KernelInfo]:
+    def kernels(self) -> list[ext.KernelInfo]:
         """Every available kernel."""
         return self.available("sexpgpu_kernels")
 
-    def optimizers(self) -> dict[str, OptimizerInfo]:
-        """Every available optimizer, by name."""
-        return {info.name: info for info in self.available("sexpgpu_optimizers")}
+    def optimizers(self) -> dict[str, ext.OptimizerInfo]:
+        """Every available optimizer, by name, with the plugin that supplies it."""
+        hook = "sexpgpu_optimizers"
+        owners = [record.name for _, record in self._claims(hook)]
+        return {
+            info.name: dataclasses.replace(info, plugin=owner)
+            for info, owner in zip(self.available(hook), owners, strict=True)
+        }
 
-    def plugin_ops(self) -> list[OpInfo]:
+    def plugin_ops(self) -> list[ext.OpInfo]:
         """The new ops available plugins supply (not a lowering's implementation of a
         built-in op)."""
         from sexpgpu.lang.ops import BUILTINS
@@ -350,27 +360,23 @@ class Catalog:
             if getattr(info, "spec", None) is not None and BUILTINS.get(info.spec.name) is None
         ]
 
-    def data_source(self, name: str) -> DataSourceInfo:
+    def data_source(self, name: str) -> ext.DataSourceInfo:
         """The data source ``name`` (a ``defdata``'s source)."""
-        return self.require(
-            "sexpgpu_data_sources", f"the data source '{name}'", lambda i: i.name == name
-        )
+        return self.named("sexpgpu_data_sources", "data source", name)
 
-    def evaluator(self) -> EvaluatorInfo:
+    def evaluator(self) -> ext.EvaluatorInfo:
         """The eval-pass runner (one plugin supplies it)."""
         return self.require("sexpgpu_evaluators", "eval passes (:evals)", lambda item: True)
 
-    def eval_metrics(self) -> dict[str, EvalMetricInfo]:
+    def eval_metrics(self) -> dict[str, ext.EvalMetricInfo]:
         """Every available eval metric, by name."""
         return {info.name: info for info in self.available("sexpgpu_eval_metrics")}
 
-    def metrics_sink(self, name: str) -> MetricsSinkInfo:
+    def metrics_sink(self, name: str) -> ext.MetricsSinkInfo:
         """The metrics sink ``name`` (``--metrics-sink``)."""
-        return self.require(
-            "sexpgpu_metrics_sinks", f"the metrics sink '{name}'", lambda i: i.name == name
-        )
+        return self.named("sexpgpu_metrics_sinks", "metrics sink", name)
 
-    def open_location(self, uri: str) -> Storage:
+    def open_location(self, uri: str) -> ext.Storage:
         """Open ``uri`` with the storage backend that serves its scheme (a plain path
         is ``file``); a :class:`PluginError` when no available plugin serves it."""
         from sexpgpu.checkpoint.storage import scheme_of

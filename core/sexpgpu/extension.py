@@ -379,6 +379,8 @@ class OptimizerInfo:
     state_names: Callable[[Mapping[str, Any]], tuple[str, ...]]
     factory: Callable[[], Any]
     doc: str = ""
+    plugin: str | None = None
+    """The plugin that supplies it: set by the catalog, for messages."""
 
 
 # ---------------------------------------------------------------- storage

@@ -1,10 +1,7 @@
 """What plugins supply, in one table: per hook, the names two plugins must not both
-supply (a conflict).
-
-A conflict is never settled by load order. The contested thing is refused, with
-a one-line error (``E-PLUGIN-001``) naming every plugin that supplies it and how
-to disable all but one; everything else those plugins supply keeps working.
-"""
+supply (a conflict). A conflict is never settled by load order: the contested thing
+is refused in one line (``E-PLUGIN-001``) naming every plugin that supplies it and how
+to disable all but one; everything else those plugins supply keeps working."""
 
 from __future__ import annotations
 
@@ -38,32 +35,23 @@ def _lowering_keys(info: Any) -> tuple[str, ...]:
     )
 
 
-def _op_keys(info: Any) -> tuple[str, ...]:
-    from sexpgpu.lang.ops import BUILTINS
-
-    spec = getattr(info, "spec", None)
-    if spec is not None and BUILTINS.get(info.name) is spec:
-        # implementations of a built-in op: each lowering may have one, from one plugin
-        lowerings = sorted(getattr(info, "implementations", None) or {})
-        return tuple(f"{lowering} implementation of op '{info.name}'" for lowering in lowerings)
-    # a new op is called by its name and by every surface name its spec gives it
-    surfaces = getattr(spec, "surfaces", None) or ()
-    return tuple(dict.fromkeys(f"op '{name}'" for name in (info.name, *surfaces)))
-
-
 BUILT_IN = "<core>"
 """The claimant named for the language's built-in ops in a conflict."""
 
 
+def _op_keys(info: Any) -> tuple[str, ...]:
+    from sexpgpu.lang.contracts import op_claims
+
+    return op_claims(info)
+
+
 def _built_in_claims(hook: str) -> list[tuple[str, str, str]]:
-    """(key, claimant, where) for what the core itself supplies through ``hook``: a
-    plugin op named like a built-in one would never be called, so it is a conflict."""
+    """(key, claimant, where) for what the core itself supplies through ``hook``."""
     if hook != "sexpgpu_ops":
         return []
-    from sexpgpu.lang.ops import BUILTINS
+    from sexpgpu.lang.contracts import built_in_op_claims
 
-    names = {name for spec in BUILTINS.specs() for name in (spec.name, *spec.surfaces)}
-    return [(f"op '{name}'", BUILT_IN, f"{PROJECT_DISTRIBUTION} built-in") for name in names]
+    return [(key, BUILT_IN, f"{PROJECT_DISTRIBUTION} built-in") for key in built_in_op_claims()]
 
 
 SUPPLIES: dict[str, Callable[[Any], tuple[str, ...]]] = {
@@ -88,11 +76,8 @@ COMMANDS_HOOK = "sexpgpu_cli_commands"
 
 @dataclass(frozen=True)
 class Conflict:
-    """One thing supplied by more than one available plugin.
-
-    ``what`` names it (``storage scheme 'file'``); ``owners`` are the plugins
-    as (entry-point name, ``distribution version``), in load order.
-    """
+    """One thing (``what``: ``storage scheme 'file'``) supplied by more than one available
+    plugin; ``owners`` are they, as (entry-point name, ``distribution version``)."""
 
     hook: str
     what: str
@@ -117,12 +102,10 @@ class Conflict:
 
 
 def conflict_message(what: str, owners: Sequence[tuple[str, str]]) -> str:
-    """``E-PLUGIN-001: <what> is supplied by more than one plugin: ...; disable ...``.
-
-    The suggestion keeps the project's own plugin when it is one of them (a
-    third party taking over a built-in is the usual case), else the first.
-    """
-    named = [f"'{name}' ({where})" for name, where in owners]
+    """``E-PLUGIN-001: <what> is supplied by more than one plugin: ...; disable ...``,
+    keeping sexpgpu's own plugin when it is one of them (a third party taking over a
+    built-in is the usual case), else the first."""
+    named = [owner_text(name, where) for name, where in owners]
     listed = ", ".join(named[:-1]) + f" and {named[-1]}"
     keep = next(
         (name for name, where in owners if where.split(" ")[0] == PROJECT_DISTRIBUTION),
@@ -135,12 +118,19 @@ def conflict_message(what: str, owners: Sequence[tuple[str, str]]) -> str:
     )
 
 
-def find_conflicts(hook: str, claims: Iterable[tuple[Any, str, str]]) -> list[Conflict]:
-    """The conflicts among ``claims`` (descriptor, plugin name, ``dist version``) of ``hook``.
+def owner_text(name: str, where: str) -> str:
+    """A plugin as a conflict names it: ``'x' (dist 1.0)``, ``'eval' (sexpgpu's own
+    plugin)``, or the core itself for the language's built-in ops."""
+    if name == BUILT_IN:
+        return "sexpgpu's built-in ops"
+    if where.split(" ")[0] == PROJECT_DISTRIBUTION:
+        return f"'{name}' (sexpgpu's own plugin)"
+    return f"'{name}' ({where})"
 
-    Claims of one plugin never conflict with each other; a hook without a row
-    in :data:`SUPPLIES` has none.
-    """
+
+def find_conflicts(hook: str, claims: Iterable[tuple[Any, str, str]]) -> list[Conflict]:
+    """The conflicts among ``claims`` (descriptor, plugin name, ``dist version``) of
+    ``hook``; one plugin's claims never conflict with each other."""
     owners: dict[str, dict[str, str]] = {}
     for key, name, where in _built_in_claims(hook):
         owners.setdefault(key, {})[name] = where
@@ -166,12 +156,9 @@ def _keys(hook: str, info: Any) -> tuple[str, ...]:
 
 
 def refusing(info: Any, conflict: Conflict) -> Any:
-    """A copy of descriptor ``info`` whose callables raise the conflict's error.
-
-    Handed out by ``Plugins.available`` in place of a contested descriptor, so
-    that a lowering choosing among kernels (or a run among optimizers) fails
-    with the conflict only if it actually uses the contested one.
-    """
+    """A copy of descriptor ``info`` whose callables raise the conflict's error, handed
+    out in place of a contested one: a lowering choosing among kernels fails with the
+    conflict only if it uses the contested one."""
     if not dataclasses.is_dataclass(info) or isinstance(info, type):
         return info
 
@@ -195,11 +182,8 @@ def nearest(name: str, known: Iterable[str]) -> str | None:
 
 
 def exception_text(exc: BaseException) -> str:
-    """An exception as one line that keeps every line of it and its causes.
-
-    Lines are joined with `` | ``; an explicit or implicit cause follows as
-    ``; caused by <Type>: <message>``.
-    """
+    """An exception as one line keeping all of it: lines joined with `` | ``, each
+    cause after ``; caused by <Type>: <message>``."""
     parts = []
     seen: set[int] = set()
     current: BaseException | None = exc

@@ -1,17 +1,15 @@
 """The one way to open work: sources or a checkpoint, plus options, to a ready trainer.
 
-A :class:`Session` compiles a `.sx` file under its selection (:class:`Selection`),
-reads and verifies the checkpoint it continues (refusing what may not continue:
-``E-DP-002``, ``E-CKPT-004``), settles the choices to take (:class:`~sexpgpu.choices.
-Choices`: the checkpoint's record pinned, the user's requests), lowers the program
-with the lowering those name, and fills the trainer: the checkpoint's tensors, or
-fresh ones, and the ``:load`` files, which must be the bytes the checkpoint's run
-read (``E-LOAD-001``). ``sexpgpu run`` opens its work with :meth:`Session.start`;
-``sexpgpu evaluate`` with :class:`CheckpointOpener`, which reads a checkpoint as a
-resume does, less (no optimizer states, no loader, nothing written).
+A :class:`Session` compiles a `.sx` file under its :class:`Selection`, reads and
+verifies the checkpoint it continues (``E-DP-002``, ``E-CKPT-004``), settles the
+:class:`~sexpgpu.choices.Choices` (the checkpoint's pinned, the user's requests),
+lowers the program and fills the trainer: the checkpoint's tensors or fresh ones, and
+the ``:load`` files, which must be the bytes the checkpoint's run read (``E-LOAD-001``).
+``sexpgpu run`` opens its work with :meth:`Session.start`; ``sexpgpu evaluate`` with
+:class:`CheckpointOpener`, which reads a checkpoint as a resume does, less.
 
-Everything a plugin supplies comes from the :class:`~sexpgpu.catalog.Catalog`
-handed in. Torch-free: a lowering imports its own libraries when it lowers.
+Everything a plugin supplies comes from the :class:`~sexpgpu.catalog.Catalog` handed
+in. Torch-free: a lowering imports its own libraries when it lowers.
 """
 
 from __future__ import annotations
@@ -84,10 +82,9 @@ class Selection:
 @dataclass(frozen=True)
 class Target:
     """How to lower: the device, the lowering (``--lowering``), the kernels asked for
-    (``--choose``: ``{site or kind: kernel}``), other choices asked for by name
-    (``{"cpu.threads": "2"}``), the options of a front end that set such choices
-    (``{"cpu.threads": "--threads"}``: how messages name a request), and whether a
-    resume chooses again (``--choices fresh``)."""
+    (``--choose``: ``{site or kind: kernel}``), other choices by name (``{"cpu.threads":
+    "2"}``), the front end's option naming each (``--threads``), and whether a resume
+    chooses again (``--choices fresh``)."""
 
     device: str = "cpu"
     lowering: str | None = None

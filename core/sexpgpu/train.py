@@ -1,17 +1,16 @@
 """The training loop: open the work, train step by step, checkpoint, stop.
 
 Read it top to bottom: :func:`run` opens a run (:meth:`Run.set_up`, through a
-:class:`~sexpgpu.session.Session`) and trains it (:meth:`Run.train`, the step
-loop). A step takes a batch, lets the trainer propose new parameters and states,
-checks the proposal when the finite guard is on, and commits it; counters and the
-step number advance only on commit. Checkpoints go to a
-:class:`~sexpgpu.checkpoint.checkpointer.Checkpointer` (snapshot in the loop, write and report
-in the background, retention); what a person sees goes to the :class:`Reporter` a
-front end hands in.
+:class:`~sexpgpu.session.Session`) and trains it (:meth:`Run.train`). A step takes a
+batch, lets the trainer propose new parameters and states, checks the proposal when
+the finite guard is on, and commits it; counters and the step advance only on commit.
+Checkpoints go to a :class:`~sexpgpu.checkpoint.checkpointer.Checkpointer` (snapshot
+here, written in the background); what a person sees, to the :class:`Reporter`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import traceback
 from collections.abc import Callable, Mapping
@@ -196,6 +195,7 @@ class Run:
         # its metrics; anything said of a step (a pass, a checkpoint, a stop, an end)
         # reports that step's loss first, so the events keep their order.
         self.unreported: tuple[int, Any, float] | None = None
+        self.failing_as: str | None = None  # what a failure is named by, when not a step
         try:
             # the eval plugin is asked before the first step, so a conflict or a missing
             # plugin never surfaces hours in, at the first pass
@@ -247,7 +247,8 @@ class Run:
             # An error in a step is named by that step; a checkpoint that could not
             # be taken or written, by its own step.
             own = self.step if isinstance(error, (CheckpointError, StorageError)) else None
-            return self._failed(f"step {error.step or own or self.step + 1}: {error.render()}")
+            at = self.failing_as or f"step {error.step or own or self.step + 1}"
+            return self._failed(f"{at}: {error.render()}")
         except Exception as error:  # a bug or an op failing at run time: one line, traceback kept
             self._report_unreported(failing=True)
             self.reporter.close()
@@ -255,9 +256,8 @@ class Run:
             where = self.outputs.run_dir
             with open(os.path.join(where, "traceback.txt"), "w") as f:
                 traceback.print_exc(file=f)
-            return self._failed(
-                f"step {self.step + 1}: {line} (traceback in {where}/traceback.txt)"
-            )
+            at = self.failing_as or f"step {self.step + 1}"
+            return self._failed(f"{at}: {line} (traceback in {where}/traceback.txt)")
 
     def _guard(self, proposal: Any) -> None:
         """The finite guard: refuse a proposal with a value that is not finite. The
@@ -317,13 +317,21 @@ class Run:
         self.evals_pending = list(names)
         assert self.evaluator is not None  # train() asked for it: the program has passes
         for eval_pass in [p for p in self.program.evals if p.name in names]:
-            numbers = self.evaluator.run_pass(
-                eval_pass,
-                self.trainer,
-                seed=self.program.run.seed,
-                open_data=lambda decl, seed: open_loader(self.catalog, decl, seed)[1],
-                stopping=self.stops.pass_may_stop,
-            )
+            self.failing_as = f"the pass '{eval_pass.name}' after step {step}"
+            try:
+                numbers = self.evaluator.run_pass(
+                    eval_pass,
+                    self.trainer,
+                    seed=self.program.run.seed,
+                    open_data=lambda decl, seed: open_loader(self.catalog, decl, seed)[1],
+                    stopping=self.stops.pass_may_stop,
+                )
+            except Exception:
+                with contextlib.suppress(Exception):  # the step is committed: keep it
+                    self._checkpoint(finished=False)  # (the pass pending)
+                    self.outputs.wait_for_checkpoint()
+                raise
+            self.failing_as = None
             if numbers is None:
                 return
             for name, value in numbers.items():

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from sexpgpu.errors import RunError
 from sexpgpu.lang.ir import Node, TensorType
 from sexpgpu.lang.ops import implementation_of
+from sexpgpu_torch.contracts import check_op
 from sexpgpu_torch.dtypes import TORCH_DTYPES
 from sexpgpu_torch.names import LOWERING
 
@@ -36,6 +37,8 @@ class Lowerer(Protocol):
     """The kernel chosen for each choice site, by site name."""
     plugin_ops: Sequence[Any]
     """The new ops plugins supply (``Supplies.ops``), for a node the table lacks."""
+    device: torch.device
+    """Where the graph runs (a plugin op is tried there when it has no meta kernel)."""
 
     def arg_type(self, node: Node, i: int) -> TensorType:
         """The type of ``node``'s argument ``i``."""
@@ -324,19 +327,23 @@ def build(node: Node, low: Lowerer, iteration: int | None) -> Fn:
     builder = IMPLEMENTATIONS.get(node.op)
     if builder is not None:
         return builder(node, low, iteration)
-    return plugin_op(node, low.plugin_ops)
+    return plugin_op(node, low)
 
 
-def plugin_op(node: Node, plugin_ops: Sequence[Any]) -> Fn:
+def plugin_op(node: Node, low: Lowerer) -> Fn:
     """A plugin op's function: its plugin's torch implementation among ``plugin_ops``,
     given the node's keywords (``implementation(attrs) -> fn(*tensors)``)."""
-    factory = implementation_of(node.op, node.attrs.get("plugin"), LOWERING, plugin_ops, node.pos)
+    factory = implementation_of(
+        node.op, node.attrs.get("plugin"), LOWERING, low.plugin_ops, node.pos
+    )
     attrs = {k: v for k, v in node.attrs.items() if k != "plugin"}
     try:
-        return factory()(attrs)
+        fn = factory()(attrs)
     except Exception as exc:  # a plugin's bug is told as its op's, never a traceback
         raise RunError(
             f"the op '{node.op}' from the plugin '{node.attrs.get('plugin')}' failed to build:"
             f" {type(exc).__name__}: {exc}",
             pos=node.pos,
         ) from None
+    check_op(fn, node, [low.arg_type(node, i) for i in range(len(node.args))], low.device)
+    return fn

@@ -27,6 +27,7 @@ from sexpgpu.errors import CheckpointError, PluginError, RunError
 from sexpgpu.extension import KernelInfo, OpInfo, OptimizerInfo, OptimizerUpdate, Trainer
 from sexpgpu.kernels import recorded
 from sexpgpu.lang.ir import Graph, ParamDecl, Program
+from sexpgpu_torch.contracts import check_optimizer, check_states
 from sexpgpu_torch.dtypes import TORCH_DTYPES
 from sexpgpu_torch.graphs import compile_graph
 from sexpgpu_torch.initializers import init_tensor
@@ -131,6 +132,8 @@ class TorchTrainer(Trainer):
         self.stage_loss = [strategy.stage_loss(graph(s.loss), self.ctx) for s in program.stages]
         self.updates: list[tuple[OptimizerUpdate, dict[str, Any]]] = []
         self.state_names: list[tuple[str, ...]] = []
+        self.optimizer_infos: list[OptimizerInfo] = []
+        trainable_types = [d.type for d in self.decls if d.trainable]
         for s in program.stages:
             info = optimizers.get(s.optimizer.name)
             if info is None:
@@ -139,7 +142,10 @@ class TorchTrainer(Trainer):
                     pos=s.optimizer.pos,
                 )
             options = {**info.options, **s.optimizer.options}
-            self.updates.append((strategy.update(info.factory()), options))
+            update = strategy.update(info.factory())
+            check_optimizer(info, update, options, trainable_types, s.optimizer.pos)
+            self.updates.append((update, options))
+            self.optimizer_infos.append(info)
             self.state_names.append(tuple(info.state_names(options)))
         self.group, self.group_start = _state_groups(program)
         self.decay: list[list[bool]] = []
@@ -282,10 +288,12 @@ class TorchTrainer(Trainer):
             clip = self.program.stages[stage].optimizer.clip
             if clip is not None and grads:
                 clip_by_global_norm(grads, float(clip))
-            if group == self.current_group:
-                states = self.states
-            else:
+            fresh = group != self.current_group
+            if fresh:
                 states = update.init_states(trainable, options)
+                self._held_to_contract(stage, states, trainable, "init_states")
+            else:
+                states = self.states
             new_params, new_states = update.propose(
                 trainable,
                 grads,
@@ -295,7 +303,16 @@ class TorchTrainer(Trainer):
                 options=options,
                 decay=self.decay[stage],
             )
+            if fresh:  # the first proposal of these states: once, not every step
+                self._held_to_contract(stage, new_states, trainable, "propose")
         return Proposal(stage, group, loss, new_params, new_states)
+
+    def _held_to_contract(
+        self, stage: int, states: Any, params: Sequence[Tensor], made_by: str
+    ) -> None:
+        decl = self.program.stages[stage].optimizer
+        options = self.updates[stage][1]
+        check_states(self.optimizer_infos[stage], states, params, options, decl.pos, made_by)
 
     def find_non_finite(self, proposal: Proposal) -> tuple[str, str, int] | None:
         """One fused check over every proposed tensor, one host sync (the compiled

@@ -125,7 +125,7 @@ def test_a_second_eval_pass_runner_is_a_conflict_naming_both(tmp_path):
         "sexpgpu run: step 1: E-PLUGIN-001: eval passes (:evals) is supplied by more than one plugin"
         in result.stderr
     )
-    assert "'eval' (sexpgpu 0.1.0) and 'runner' (sexpgpu-runner 0.1)" in result.stderr
+    assert "'eval' (sexpgpu's own plugin) and 'runner' (sexpgpu-runner 0.1)" in result.stderr
     listed = run_sexpgpu("plugins", cwd=tmp_path / "w", env=env)
     assert "eval-pass runner" in listed.stdout + listed.stderr
 

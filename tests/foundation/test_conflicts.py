@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,7 @@ import pytest
 from .conflict_plugins import install
 from .pluginkit import REPO, make_plugin, plugin_line, run_python, run_sexpgpu
 
-OURS = f"sexpgpu {metadata.version('sexpgpu')}"
+OURS = "sexpgpu's own plugin"
 
 
 @pytest.fixture
@@ -55,11 +54,12 @@ def test_plugins_shows_each_conflict(project: Path) -> None:
     assert plugin_line(out, "aaa-shadow").endswith("  available")
     assert plugin_line(out, "local").endswith("  available")
     shadow = _block(out, "aaa-shadow")
-    assert "conflict: its storage scheme 'file' is also supplied by 'local'" in shadow
-    assert "conflict: its metrics sink 'jsonl' is also supplied by 'jsonl'" in shadow
+    assert f"conflict: its storage scheme 'file' is also supplied by 'local' ({OURS})" in shadow
+    assert f"conflict: its metrics sink 'jsonl' is also supplied by 'jsonl' ({OURS})" in shadow
     assert not any("'shadow'" in line for line in shadow if line.startswith("conflict"))
-    assert "conflict: its storage scheme 'file' is also supplied by 'aaa-shadow'" in _block(
-        out, "local"
+    assert (
+        "conflict: its storage scheme 'file' is also supplied by 'aaa-shadow' (aaa-shadow 0.1)"
+        in _block(out, "local")
     )
     section = out.split("\nconflicts (using the contested thing is refused):\n", 1)[1]
     assert (
@@ -226,7 +226,7 @@ def test_a_command_two_plugins_add_is_refused(project: Path) -> None:
     only = _sexpgpu(project, args=["hello-a-only"])
     assert (only.returncode, only.stdout) == (0, "only a\n")
     listing = _sexpgpu(project, args=["plugins"]).stdout
-    assert "conflict: its command 'hello' is also supplied by 'hello-b'" in _block(
+    assert "conflict: its command 'hello' is also supplied by 'hello-b' (hello-b 0.1)" in _block(
         listing, "hello-a"
     )
     help_ = _sexpgpu(project, args=["--help"]).stdout
@@ -347,10 +347,12 @@ def test_ops_named_like_built_ins_and_second_implementations(
     result = run_sexpgpu(["plugins"], cwd=tmp_path, pythonpath=[site])
     assert result.returncode == 0, result.stderr
     mine = _block(result.stdout, "my-ops")
-    assert "conflict: its op 'relu' is also supplied by '<core>'" in mine
-    implementation = "conflict: its torch implementation of op 'matmul' is also supplied by 'torch'"
+    assert "conflict: its op 'relu' is also supplied by sexpgpu's built-in ops" in mine
+    implementation = (
+        f"conflict: its torch implementation of op 'matmul' is also supplied by 'torch' ({OURS})"
+    )
     assert (implementation in mine) is contested
     assert (
-        "conflict: its torch implementation of op 'matmul' is also supplied by 'my-ops'"
-        in _block(result.stdout, "torch")
+        "conflict: its torch implementation of op 'matmul' is also supplied by 'my-ops' "
+        "(sexpgpu-my-ops 0.1)" in _block(result.stdout, "torch")
     ) is contested

@@ -62,7 +62,7 @@ def test_the_message_keeps_the_projects_own_plugin() -> None:
     owners = [("aaa", "aaa 0.1"), ("local", "sexpgpu 0.1.0"), ("zzz", "zzz 3")]
     assert conflict_message("the storage scheme 'file'", owners) == (
         "E-PLUGIN-001: the storage scheme 'file' is supplied by more than one plugin: "
-        "'aaa' (aaa 0.1), 'local' (sexpgpu 0.1.0) and 'zzz' (zzz 3); "
+        "'aaa' (aaa 0.1), 'local' (sexpgpu's own plugin) and 'zzz' (zzz 3); "
         "disable all but one, e.g. SEXPGPU_DISABLE_PLUGINS=aaa,zzz"
     )
     # among third parties only, the first is kept

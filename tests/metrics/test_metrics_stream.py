@@ -242,8 +242,13 @@ def test_open_sinks_resolves_names_through_the_plugins(tmp_path):
 
 
 def test_open_sinks_names_an_unknown_sink(tmp_path):
-    with pytest.raises(PluginError, match=r"no installed plugin supplies the metrics sink 'nope'"):
-        open_sinks(["jsonl", "nope"], str(tmp_path), "exp", project())
+    with pytest.raises(PluginError) as refused:
+        open_sinks(["jsonl", "nope", "cvs"], str(tmp_path), "exp", project())
+    assert refused.value.message.startswith("unknown metrics sink 'nope'; metrics sinks: jsonl")
+    # a near name is offered, as for every other name
+    with pytest.raises(PluginError) as near:
+        open_sinks(["jsonk"], str(tmp_path), "exp", project())
+    assert near.value.message.startswith("unknown metrics sink 'jsonk' (did you mean 'jsonl'?)")
 
 
 def test_open_sinks_says_why_a_folder_cannot_be_used(tmp_path):

@@ -51,7 +51,8 @@ def plugins(as_json: bool) -> None:
         return
     width = max((len(r.name) for r in loaded.records), default=4)
     for record, entry in listing:
-        for line in _record_lines(record, entry, width):
+        mine = [c for c in conflicts if record.name in c.plugins]
+        for line in _record_lines(record, entry, mine, width):
             click.echo(line)
     if conflicts:
         click.echo("\nconflicts (using the contested thing is refused):")
@@ -70,7 +71,10 @@ def _record_json(record: Any) -> dict[str, Any]:
     return {name: getattr(record, name) for name in (*fields, *extra)}
 
 
-def _record_lines(record: Any, entry: dict[str, Any], width: int) -> list[str]:
+def _record_lines(
+    record: Any, entry: dict[str, Any], conflicts: list[Any], width: int
+) -> list[str]:
+    from sexpgpu.plugin_supplies import owner_text
     from sexpgpu_cli.describing import DESCRIBED
 
     pad = " " * (width + 2)
@@ -84,9 +88,9 @@ def _record_lines(record: Any, entry: dict[str, Any], width: int) -> list[str]:
         kind = DESCRIBED.get(f"sexpgpu_{short}")
         singular = kind.singular if kind else "command"
         lines.extend(f"{pad}{_supply_line(singular, item)}" for item in described)
-    for conflict in entry["conflicts"]:
-        others = ", ".join(f"'{p}'" for p in conflict["plugins"] if p != record.name)
-        lines.append(f"{pad}conflict: its {conflict['what']} is also supplied by {others}")
+    for conflict in conflicts:
+        others = ", ".join(owner_text(*o) for o in conflict.owners if o[0] != record.name)
+        lines.append(f"{pad}conflict: its {conflict.what} is also supplied by {others}")
     lines.extend(f"{pad}warning: {warning}" for warning in record.warnings)
     if record.traceback:
         lines.append(f"{pad}traceback:")

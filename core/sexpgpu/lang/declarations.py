@@ -41,16 +41,10 @@ class Declarations:
         self._data_decls: dict[str, g.DataDecl] = {}
 
     def _descriptor(self, hook: str, what: str, name: str, pos: Pos) -> Any:
-        plugins = self.catalog
-        known = sorted({item.name for item, _ in plugins.supplied(hook)})
-        if name not in known:
-            raise err(
-                f"unknown {what} '{name}'{suggest(name, known)}; {what}s: {listing(known)}", pos
-            )
         try:
-            return plugins.require(hook, f"the {what} '{name}'", lambda i: i.name == name)
+            return self.catalog.named(hook, what, name)
         except PluginError as exc:
-            raise err(exc.message, pos) from None
+            raise SourceError(exc.message, code=exc.code, pos=pos) from None
 
     def data_decl(self, name_node: Any) -> g.DataDecl:
         """The ``defdata`` named by ``name_node``, checked against its data source's options."""
@@ -218,7 +212,9 @@ class Declarations:
         return g.Schedule(kind.name, warmup, min_lr)
 
     def eval_metrics(self, pos: Pos) -> dict[str, Any]:
-        """The eval metrics plugins supply, by name; an error when no plugin can run a pass."""
+        """The eval metrics plugins supply, by name, each as (descriptor, its plugin), or
+        as the error using it raises (two plugins supply it, or its plugin is
+        unavailable); an error when no plugin can run a pass."""
         plugins = self.catalog
         if not plugins.available("sexpgpu_evaluators"):
             raise SourceError(
@@ -226,7 +222,20 @@ class Declarations:
                 code=E_NO_EVAL,
                 pos=pos,
             )
-        return {info.name: info for info in plugins.available("sexpgpu_eval_metrics")}
+        hook = "sexpgpu_eval_metrics"
+        found: dict[str, Any] = {}
+        for info, record in plugins.supplied(hook):
+            name = info.name
+            try:
+                chosen = plugins.require(
+                    hook, f"the eval metric '{name}'", lambda i, name=name: i.name == name
+                )
+            except PluginError as exc:
+                found[name] = exc
+                continue
+            if chosen is info:
+                found[name] = (info, record.name)
+        return found
 
 
 def _no_evaluator(catalog: Catalog) -> str:

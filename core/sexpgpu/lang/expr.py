@@ -127,7 +127,7 @@ class ExprCompiler:
             target = ctx.roots[name]
         if target is not None:
             return self.call_layer(target, [self.expr(a, ctx) for a in args], pos, ctx)
-        builtin = self.env.ops.builtin(name)
+        builtin = self.env.ops.builtin(name, head.pos)
         if builtin is not None:
             spec, surface = builtin
             return compile_call(OpCall(self, spec, surface, args, pos, ctx))

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sexpgpu.errors import Pos
+from sexpgpu.errors import PluginError, Pos, SexpError, SourceError
 from sexpgpu.lang import ir as g
 from sexpgpu.lang.builder import Builder, Ctx, GraphEnv, T
 from sexpgpu.lang.expr import ExprCompiler
@@ -92,7 +92,10 @@ def eval_pass(exprs: ExprCompiler, plan: EvalPlan, roots: Mapping[str, Instance]
     for mn in plan.metrics:
         if isinstance(mn, Sym) and mn.name in registered:
             mname = mn.name
-            out = _registered_metric(exprs, registered[mname], mn.pos, plan, ctx)
+            supplied = registered[mname]
+            if isinstance(supplied, PluginError):  # two plugins supply it, or its is unavailable
+                raise SourceError(supplied.message, code=supplied.code, pos=mn.pos)
+            out = _registered_metric(exprs, *supplied, mn.pos, plan, ctx)
         elif isinstance(mn, SList) and len(mn.items) == 2 and isinstance(mn.items[0], Sym):
             mname = mn.items[0].name
             if mname in registered:
@@ -113,9 +116,25 @@ def eval_pass(exprs: ExprCompiler, plan: EvalPlan, roots: Mapping[str, Instance]
     return g.EvalPass(plan.name, plan.every, plan.data, plan.batches, tuple(names), b.graph(outs))
 
 
-def _registered_metric(exprs: ExprCompiler, info: Any, pos: Pos, plan: EvalPlan, ctx: Ctx) -> T:
+def _registered_metric(
+    exprs: ExprCompiler, info: Any, plugin: str, pos: Pos, plan: EvalPlan, ctx: Ctx
+) -> T:
     """A registered metric's per-batch scalar: its expression compiled with ``logits``
-    (the model on ``inputs``) and ``loss`` (the run's) bound when it names them."""
+    (the model on ``inputs``) and ``loss`` (the run's) bound when it names them. An
+    error inside its text is told at ``pos``, where the user's file names it."""
+    try:
+        return _metric_expression(exprs, info, pos, plan, ctx)
+    except SexpError as exc:
+        if exc.pos is None or not exc.pos.file.startswith("<metric "):
+            raise
+        raise SourceError(
+            f"the eval metric '{info.name}' of the plugin '{plugin}' does not fit the pass "
+            f"'{plan.name}': {exc.render()}",
+            pos=pos,
+        ) from None
+
+
+def _metric_expression(exprs: ExprCompiler, info: Any, pos: Pos, plan: EvalPlan, ctx: Ctx) -> T:
     forms = read(info.expression, f"<metric {info.name}>")
     if len(forms) != 1:
         raise err(f"the metric {info.name}'s expression is not one expression", pos)

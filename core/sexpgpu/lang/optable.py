@@ -10,9 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 from sexpgpu.errors import PluginError, Pos, SourceError
 from sexpgpu.lang import ir as g
-from sexpgpu.lang.ops import BUILTINS, STRUCTURAL, OpSpec
+from sexpgpu.lang.ops import BUILTINS, OpSpec
 from sexpgpu.lang.ops import infer as infer_builtin
-from sexpgpu.lang.text import err, listing
 
 if TYPE_CHECKING:
     from sexpgpu.catalog import Catalog
@@ -29,15 +28,27 @@ class OpTable:
     def __init__(self, catalog: Catalog) -> None:
         self._catalog = catalog
         self._found: dict[str, OpSpec] = {}
+        self._clashes: list[Any] | None = None
 
-    def builtin(self, name: str) -> tuple[OpSpec, str] | None:
+    def builtin(self, name: str, pos: Pos) -> tuple[OpSpec, str] | None:
         """The built-in op ``name`` calls, and the surface name it is found by
-        (``layer_norm`` is found as ``layer-norm``); ``None`` when none is."""
+        (``layer_norm`` is found as ``layer-norm``); ``None`` when none is. A plugin
+        op of the same name is a conflict (``E-PLUGIN-001``), as ``sexpgpu plugins`` says."""
         for surface in (name, name.replace("_", "-")):
             spec = BUILTINS.surface(surface)
             if spec is not None:
+                what = f"op '{surface}'"
+                clash = next((c for c in self._conflicts() if c.what == what), None)
+                if clash is not None:
+                    refusal = clash.error()
+                    raise SourceError(refusal.message, code=refusal.code, pos=pos)
                 return spec, surface
         return None
+
+    def _conflicts(self) -> list[Any]:
+        if self._clashes is None:
+            self._clashes = self._catalog.conflicts(OPS_HOOK)
+        return self._clashes
 
     def find(self, name: str, pos: Pos) -> OpSpec | None:
         """The spec of plugin op ``name`` (recording its plugin), ``None`` when no
@@ -56,7 +67,7 @@ class OpTable:
         except PluginError as exc:
             raise SourceError(exc.message, code=exc.code, pos=pos) from None
         record = next(r for i, r in offers if r.available)
-        spec = _checked(chosen.spec, record.name, pos)
+        spec = dataclasses.replace(chosen.spec, plugin=record.name)  # held to lang.contracts
         self._found[name] = self._found[spec.name] = spec
         return spec
 
@@ -84,12 +95,7 @@ class OpTable:
 
     def hint(self) -> str:
         """What to add to "unknown op" when disabled plugins might have supplied it."""
-        disabled = [r.name for r in self._catalog.records if r.disabled]
-        if not disabled:
-            return ""
-        return (
-            f"; it may come from a plugin disabled by SEXPGPU_DISABLE_PLUGINS: {listing(disabled)}"
-        )
+        return self._catalog.disabled_hint()
 
 
 def _offers(info: Any, name: str | None) -> bool:
@@ -98,11 +104,3 @@ def _offers(info: Any, name: str | None) -> bool:
     if not isinstance(spec, OpSpec) or BUILTINS.get(spec.name) is not None:
         return False  # a lowering's implementation of a built-in op, not a new op
     return name is None or name in spec.surfaces
-
-
-def _checked(spec: OpSpec, plugin: str, pos: Pos) -> OpSpec:
-    if spec.name in STRUCTURAL:
-        raise err(f"the plugin '{plugin}' supplies an op '{spec.name}', a name the IR keeps", pos)
-    if spec.node and spec.infer is None and spec.compile is None:
-        raise err(f"the plugin '{plugin}' supplies the op '{spec.name}' without an infer", pos)
-    return dataclasses.replace(spec, plugin=plugin)
