@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from sexpgpu.errors import UsageError
+
+RUN_FOLDER_SINK = "jsonl"
+"""The sink writing ``<metrics-dir>/<slug>/events.jsonl``, which ``sexpgpu runs``,
+``report`` and ``evaluate --follow`` read: kept whatever else ``--metrics-sink`` names."""
 
 
 def parse_sets(values: tuple[str, ...] | list[str]) -> dict[str, str]:
@@ -29,6 +34,24 @@ def parse_requests(values: Iterable[str]) -> dict[str, str]:
             raise UsageError(f"--choose takes SITE=KERNEL or KIND=KERNEL, got '{item}'")
         requests[target.strip()] = kernel.strip()
     return requests
+
+
+def metrics_sinks(catalog: Any, asked: Iterable[str]) -> tuple[str, ...]:
+    """The sinks a run reports to: the run folder's own (:data:`RUN_FOLDER_SINK`), then
+    those ``--metrics-sink`` names. Without its plugin, and with others asked for, the
+    run goes on with those and says once that its folder will hold no events."""
+    asked = tuple(dict.fromkeys(asked))
+    kept = any(i.name == RUN_FOLDER_SINK for i in catalog.available("sexpgpu_metrics_sinks"))
+    if kept or not asked:  # none asked: refused by name if unavailable, as it always was
+        return tuple(dict.fromkeys((RUN_FOLDER_SINK, *asked)))
+    from sexpgpu.log import get_logger
+
+    get_logger("sexpgpu.run").warning(
+        f"the metrics sink '{RUN_FOLDER_SINK}' is unavailable: this run's folder will hold "
+        "no events.jsonl, so `sexpgpu runs`, `report` and `evaluate --follow` see none of "
+        f"its numbers, which go to {', '.join(asked)} only"
+    )
+    return asked
 
 
 ROOT_OPTIONS = ("--log-format", "--log-level")

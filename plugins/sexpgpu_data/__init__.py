@@ -3,7 +3,8 @@
 Sources (docs/data.md documents each one's options, fields and token map):
 ``arithmetic``, ``copy``, ``sort``, ``shapes`` (generated, endless, batch ``i`` a
 pure function of ``(seed, i)``) and ``text``, ``tokens``, ``npy`` (files, shuffled
-per epoch from ``(seed, epoch)``). Only numpy is imported, and only when a source
+per epoch from ``(seed, epoch)``; ``npy``'s ``:holdout`` and ``:split`` divide its
+records into ``"train"`` and ``"val"``). Only numpy is imported, and only when a source
 is asked for (``sexpgpu --help`` and ``sexpgpu plugins`` stay fast); never torch.
 """
 
@@ -29,6 +30,9 @@ __all__ = ["DataFileError", "DataOptionError", "data_sources", "rng_for", "sexpg
 
 
 SPLIT_DOC = "a name for the stream: 'train' (default); any other name (e.g. 'eval') gives another stream from the same seed"
+NPY_SPLIT_DOC = (
+    "'train' (default): the records :holdout keeps; 'val': the ones it sets aside (needs :holdout)"
+)
 
 
 def __getattr__(name: str):
@@ -137,6 +141,9 @@ def data_sources() -> list[DataSourceInfo]:
             option_docs={
                 "features": ".npy file, one record per row (any number type)",
                 "labels": ".npy file, one label per record (integer: class; float: regression target)",
+                "holdout": "the fraction of records (0 to below 1; default 0) set aside for :split 'val', "
+                "chosen by the record count alone, never the seed",
+                "split": NPY_SPLIT_DOC,
             },
             path_options=("features", "labels"),
         ),

@@ -14,4 +14,5 @@ SHAPES_DEFAULTS: dict[str, Any] = {"classes": 4, "size": 16, "split": "train"}
 TEXT_DEFAULTS: dict[str, Any] = {"path": ""}
 TOKENS_DEFAULTS: dict[str, Any] = {"path": "", "dtype": "uint16"}
 TOKEN_DTYPES = ("uint16", "uint32")
-NPY_DEFAULTS: dict[str, Any] = {"features": "", "labels": ""}
+NPY_DEFAULTS: dict[str, Any] = {"features": "", "labels": "", "holdout": 0.0, "split": "train"}
+NPY_SPLITS = ("train", "val")

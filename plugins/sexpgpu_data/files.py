@@ -1,7 +1,8 @@
 """File data sources: ``text`` (bytes), ``tokens`` (a nanoGPT-style ``.bin``) and ``npy``.
 
 Each epoch visits every window (or record) once, in an order drawn from
-``(seed, epoch)``; a short last batch is dropped. The position is
+``(seed, epoch)``; a short last batch is dropped. ``npy``'s ``:holdout`` splits its
+records once, by a rule of the record count alone, into ``"train"`` and ``"val"``. The position is
 ``{"epoch": e, "index": i}``: ``i`` batches of epoch ``e`` have been taken.
 """
 
@@ -19,15 +20,17 @@ from ._common import (
     E_FILE,
     E_MISMATCH,
     E_NONFINITE,
+    E_OPTION,
     E_SHORT,
     DataFileError,
+    DataOptionError,
     check_seq_batch,
     position_int,
     resolve_options,
     rng_for,
     str_option,
 )
-from .defaults import NPY_DEFAULTS, TEXT_DEFAULTS, TOKEN_DTYPES, TOKENS_DEFAULTS
+from .defaults import NPY_DEFAULTS, NPY_SPLITS, TEXT_DEFAULTS, TOKEN_DTYPES, TOKENS_DEFAULTS
 
 
 class EpochLoader:
@@ -237,11 +240,62 @@ def _open_npy(path: str, what: str) -> np.ndarray:
     return arr
 
 
-def _npy_check(options: Mapping[str, Any], seq: int, batch: int) -> tuple[np.ndarray, np.ndarray]:
+def _holdout_option(opts: Mapping[str, Any]) -> float:
+    """``:holdout`` as a fraction in ``[0, 1)``; a bool or string is an error."""
+    value = opts["holdout"]
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise DataOptionError(
+            f"data source 'npy' option :holdout must be a number, got {value!r}", code=E_OPTION
+        )
+    value = float(value)
+    if not 0.0 <= value < 1.0:  # also refuses NaN
+        raise DataOptionError(
+            f"data source 'npy' option :holdout must be at least 0 and below 1, got {value!r}",
+            code=E_OPTION,
+        )
+    return value
+
+
+def _npy_split(opts: Mapping[str, Any]) -> tuple[float, str]:
+    """``(holdout, split)``, checked; ``:split "val"`` needs a ``:holdout``."""
+    holdout = _holdout_option(opts)
+    split = str_option("npy", opts, "split", choices=NPY_SPLITS)
+    if split == "val" and holdout == 0.0:
+        raise DataOptionError(
+            "data source 'npy' option :split \"val\" takes the records :holdout sets aside; "
+            "give :holdout, e.g. 0.1",
+            code=E_OPTION,
+        )
+    return holdout, split
+
+
+def _held_out(count: int, holdout: float) -> int:
+    """How many of ``count`` records ``:holdout`` sets aside for ``:split "val"``."""
+    return round(holdout * count)
+
+
+def _split_records(count: int, holdout: float, split: str) -> np.ndarray:
+    """The record numbers (ascending) of ``split``.
+
+    The partition depends only on ``count`` and ``holdout``, never on the run's seed
+    (an eval pass opens its data with seed + 1): the first ``round(holdout * count)``
+    records of a permutation drawn from the constant key ``(0, "npy", "holdout", count)``
+    are ``"val"``, the rest ``"train"``.
+    """
+    n_val = _held_out(count, holdout)
+    order = rng_for(0, "npy", "holdout", count).permutation(count)
+    return np.sort(order[:n_val] if split == "val" else order[n_val:])
+
+
+def _npy_check(
+    options: Mapping[str, Any], seq: int, batch: int
+) -> tuple[np.ndarray, np.ndarray, float, str]:
+    """The memory-mapped features and labels, ``:holdout`` and ``:split``, all checked."""
     opts = resolve_options("npy", NPY_DEFAULTS, options)
     check_seq_batch("npy", seq, batch, uses_seq=False)
     fpath = os.path.expanduser(str_option("npy", opts, "features"))
     lpath = os.path.expanduser(str_option("npy", opts, "labels"))
+    holdout, split = _npy_split(opts)
     features = _open_npy(fpath, "features")
     labels = _open_npy(lpath, "labels")
     if features.shape[0] != labels.shape[0]:
@@ -254,18 +308,28 @@ def _npy_check(options: Mapping[str, Any], seq: int, batch: int) -> tuple[np.nda
             f"data source 'npy': integer labels {lpath!r} must be one class per record, got shape {list(labels.shape)}",
             code=E_MISMATCH,
         )
-    if features.shape[0] < batch:
+    count = features.shape[0]
+    if count < batch:
         raise DataFileError(
-            f"data source 'npy': {fpath!r} has {features.shape[0]} records, too few for one batch of {batch}",
+            f"data source 'npy': {fpath!r} has {count} records, too few for one batch of {batch}",
             code=E_SHORT,
         )
-    return features, labels
+    if holdout:
+        n_val = _held_out(count, holdout)
+        n_split = n_val if split == "val" else count - n_val
+        if n_split < batch:
+            raise DataFileError(
+                f"data source 'npy': :split {split!r} of {fpath!r} has {n_split} of its {count} "
+                f"records (:holdout {holdout:g}), too few for one batch of {batch}",
+                code=E_SHORT,
+            )
+    return features, labels, holdout, split
 
 
 def npy_fields(options: Mapping[str, Any], seq: int, batch: int) -> dict[str, TensorType]:
     """``inputs`` f32 ``[batch, *feature_shape]``; ``targets`` i64 ``[batch]`` for integer labels,
     f32 ``[batch, *label_shape]`` for float labels (regression). Reads the headers only."""
-    features, labels = _npy_check(options, seq, batch)
+    features, labels, _, _ = _npy_check(options, seq, batch)
     if labels.dtype.kind == "f":
         target = TensorType((batch, *labels.shape[1:]), "f32")
     else:
@@ -299,17 +363,23 @@ def _find_non_finite(arr: np.ndarray, path: str, what: str) -> None:
 
 
 def npy_loader(options: Mapping[str, Any], seq: int, batch: int, seed: int) -> EpochLoader:
-    """Open ``npy``: records shuffled per epoch; every value is checked finite once, up front."""
-    features, labels = _npy_check(options, seq, batch)
+    """Open ``npy``: records (of ``:split`` when ``:holdout`` sets some aside) shuffled per
+    epoch; every value is checked finite once, up front."""
+    features, labels, holdout, split = _npy_check(options, seq, batch)
     opts = resolve_options("npy", NPY_DEFAULTS, options)
     _find_non_finite(features, opts["features"], "features")
     _find_non_finite(labels, opts["labels"], "labels")
     regression = labels.dtype.kind == "f"
+    # Without :holdout the epoch order indexes the records themselves, as it always has.
+    records = _split_records(features.shape[0], holdout, split) if holdout else None
 
     def take(picked: np.ndarray) -> dict[str, np.ndarray]:
+        if records is not None:
+            picked = records[picked]
         x = np.ascontiguousarray(features[picked], dtype=np.float32)
         y = labels[picked]
         y = np.ascontiguousarray(y, dtype=np.float32 if regression else np.int64)
         return {"inputs": x, "targets": y}
 
-    return EpochLoader("npy", seed, features.shape[0], batch, take)
+    count = features.shape[0] if records is None else len(records)
+    return EpochLoader("npy", seed, count, batch, take)

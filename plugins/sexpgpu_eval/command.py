@@ -45,7 +45,7 @@ DEFAULT_POLL = 10.0
     "--metrics-sink",
     "sinks",
     multiple=True,
-    help="A metrics sink (repeatable); default jsonl.",
+    help="A metrics sink besides the run folder's events.jsonl (repeatable), as for run.",
 )
 @click.option(
     "--settle",

@@ -12,10 +12,13 @@ step deleted before the follower read it (past the bound) is reported, each one.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+import click
 
 from sexpgpu.checkpoint import (
     EXPERIMENT_FILE,
@@ -66,6 +69,14 @@ class Reporting:
         from sexpgpu.metrics import MetricsStream, open_sinks
 
         if slug not in self.streams:
+            folder = os.path.join(self.metrics_dir, slug)
+            if not os.path.isdir(folder):  # another folder than the run's: say where
+                click.echo(
+                    f"sexpgpu evaluate: the run's metrics are not in {self.metrics_dir}; "
+                    f"its numbers go to a new {folder}: give --metrics-dir the folder the "
+                    "run reported to, to add them to its own",
+                    err=True,
+                )
             self.streams[slug] = MetricsStream(
                 open_sinks(list(self.sinks), self.metrics_dir, slug, self.catalog),
                 experiment=slug,

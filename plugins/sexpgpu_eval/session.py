@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import click
 
@@ -42,14 +44,14 @@ def run_evaluate(
     reporting = Reporting(
         catalog,
         metrics_dir or DEFAULT_METRICS_DIR,
-        tuple(sinks) or ("jsonl",),
+        tuple(dict.fromkeys(("jsonl", *sinks))),  # the run folder's events.jsonl, as run
         settle,
         metrics_wait,
     )
     try:
         watch.loop_started()  # from here a signal stops at the next batch
         evaluation = Evaluation(
-            reader=CheckpointOpener(catalog, device=device, file=file, lowering=lowering),
+            reader=_Opener(catalog, device=device, file=file, lowering=lowering),
             runner=evaluator(catalog),
             reporting=reporting,
             stopping=lambda: watch.stopping,
@@ -74,6 +76,21 @@ def run_evaluate(
         watch.ended()
         if owned:
             watch.uninstall()
+
+
+class _Opener(CheckpointOpener):
+    """Opens checkpoints as the session does, saying how to find the run's file when
+    the checkpoint's path to it does not lead to it from here."""
+
+    def program(self, experiment: Mapping[str, Any]) -> Any:
+        recorded = str(experiment.get("file", ""))
+        if self.file is None and recorded and not os.path.isfile(recorded):
+            raise UsageError(
+                f"the checkpoint's run compiled {recorded}, which is not there from "
+                f"{os.getcwd()} (a relative path is the run's folder's); run evaluate from "
+                "that folder, or give the file with --file"
+            )
+        return super().program(experiment)
 
 
 def _one(evaluation: Evaluation, location: str, names: list[str] | None) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from sexpgpu_report.listing import EVENTS_FILE, RunRow, read_row
 from sexpgpu_report.plots import Rendered, charts_of, render
-from sexpgpu_report.series import Mark, read_events, series_of
+from sexpgpu_report.series import Drawn, Mark, drawn_marks, read_events, series_of
 
 __all__ = ["Report", "write_report"]
 
@@ -95,15 +95,36 @@ def _marks_table(marks: Sequence[Mark]) -> str:
     return f"<table><tr><th>step</th><th>kind</th><th>time</th><th>text</th></tr>{rows}</table>"
 
 
+def _checkpoints_note(marked: Drawn) -> str:
+    """What a chart says of its checkpoint marks: nothing unless some are left out."""
+    if not marked.thinned:
+        return ""
+    return f"{marked.checkpoints} of {marked.written} checkpoints marked"
+
+
 def _page(
-    slug: str, row: RunRow | None, drawn: Sequence[Rendered], marks: Sequence[Mark], refresh: float
+    slug: str,
+    row: RunRow | None,
+    drawn: Sequence[Rendered],
+    marks: Sequence[Mark],
+    refresh: float,
+    marked: Drawn,
 ) -> str:
     meta = f'<meta http-equiv="refresh" content="{max(1, round(refresh))}">' if refresh else ""
+    note = _checkpoints_note(marked)
+    said = f' &middot; <span class="checkpoints">{note}</span>' if note else ""
     figures = "".join(
         f'<figure id="chart-{r.chart.key}" data-series="{len(r.chart.series)}">{r.svg}'
         f'<figcaption>{html.escape(r.chart.title)} &middot; <a href="{r.chart.key}.png">'
-        f"{r.chart.key}.png</a></figcaption></figure>"
+        f"{r.chart.key}.png</a>{said}</figcaption></figure>"
         for r in drawn
+    )
+    thinned = (
+        f" Of the {marked.written} checkpoints written, {marked.checkpoints} are marked: the "
+        "newest, the one the status file names, and the others evenly spread over the run "
+        "(which are still stored the events do not say); the table below lists every one."
+        if note
+        else ""
     )
     made = time.strftime("%Y-%m-%d %H:%M:%S")
     return (
@@ -112,7 +133,8 @@ def _page(
         f"</head><body><h1>sexpgpu report: {html.escape(slug)}</h1>"
         f"{_summary(row)}<h2>Charts</h2>"
         "<p>Vertical lines mark annotations (dotted grey: checkpoint, dashed blue: resumed, "
-        "orange: interrupted, red: failed, green: done); hover one for its text.</p>"
+        "orange: interrupted, red: failed, green: done); hover one for its text."
+        f"{thinned}</p>"
         f"{figures}<h2>Annotations</h2>{_marks_table(marks)}"
         f"<p><small>Made by sexpgpu report at {made}.</small></p></body></html>\n"
     )
@@ -126,7 +148,9 @@ def write_report(folder: Path, out: Path, *, refresh: float = 0.0) -> Report:
     """
     row = read_row(folder)
     series = series_of(read_events(folder / EVENTS_FILE))
-    drawn = [render(chart, series.marks) for chart in charts_of(series)]
+    marked = drawn_marks(series.marks, current=row.checkpoint if row is not None else None)
+    note = _checkpoints_note(marked)
+    drawn = [render(chart, marked.marks, note) for chart in charts_of(series)]
     out.mkdir(parents=True, exist_ok=True)
     images = []
     for rendered in drawn:
@@ -135,5 +159,5 @@ def write_report(folder: Path, out: Path, *, refresh: float = 0.0) -> Report:
         images.append(image)
     page = out / PAGE
     slug = row.slug if row is not None else folder.name
-    _write(page, _page(slug, row, drawn, series.marks, refresh).encode("utf-8"))
+    _write(page, _page(slug, row, drawn, series.marks, refresh, marked).encode("utf-8"))
     return Report(page, tuple(images), row, len(drawn), len(series.marks))

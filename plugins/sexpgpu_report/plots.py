@@ -127,12 +127,14 @@ def _plain(label: str) -> str:
     return label.replace("$", r"\$")
 
 
-def _figure(chart: Chart, marks: Sequence[Mark]):  # type: ignore[no-untyped-def]
+def _figure(chart: Chart, marks: Sequence[Mark], note: str):  # type: ignore[no-untyped-def]
     from matplotlib.figure import Figure
 
     figure = Figure(figsize=SIZE, dpi=DPI, layout="constrained")
     axes = figure.add_subplot()
     axes.set_title(_plain(chart.title), loc="left", fontsize=10)
+    if note:
+        axes.set_title(_plain(note), loc="right", fontsize=8, color="#555555")
     axes.set_xlabel("step")
     axes.set_ylabel(_plain(chart.ylabel))
     axes.grid(True, alpha=0.3)
@@ -185,8 +187,9 @@ def _prefixed(svg: str, key: str) -> str:
     return re.sub(rf'(url\(#|href="#)(?!{mine})', lambda m: f"{m.group(1)}{key}-", svg)
 
 
-def render(chart: Chart, marks: Sequence[Mark]) -> Rendered:
-    """Draw ``chart`` with ``marks`` on its step axis, as PNG and as SVG."""
+def render(chart: Chart, marks: Sequence[Mark], note: str = "") -> Rendered:
+    """Draw ``chart`` with ``marks`` on its step axis, as PNG and as SVG; ``note``, when
+    given, above its top right corner (how many checkpoints are marked)."""
     import matplotlib
 
     # "none": text stays text in the SVG (small, selectable); the salt and the
@@ -194,7 +197,7 @@ def render(chart: Chart, marks: Sequence[Mark]) -> Rendered:
     # One salt per chart: the ids matplotlib makes stay unique on a page of several.
     salt = f"sexpgpu-{chart.key}"
     with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": salt}):
-        figure = _figure(chart, marks)
+        figure = _figure(chart, marks, note)
         png, svg = io.BytesIO(), io.StringIO()
         figure.savefig(png, format="png", metadata={"Software": None})
         figure.savefig(svg, format="svg", metadata={"Date": None, "Creator": None})

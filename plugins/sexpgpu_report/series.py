@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sexpgpu_report.fields import number, open_regular, seconds, text, whole
 
-__all__ = ["Mark", "RunSeries", "read_events", "series_of"]
+__all__ = ["Drawn", "Mark", "RunSeries", "drawn_marks", "read_events", "series_of"]
 
 # How an annotation's first line is told apart: the kind of mark it is.
 MARK_KINDS = (
@@ -52,6 +52,71 @@ class Mark:
     kind: str
     text: str
     time: float
+
+
+MOST_CHECKPOINT_MARKS = 20
+"""The most checkpoint marks a chart draws: a long run's hundreds would grey it out."""
+CHECKPOINT_PREFIX = "checkpoint "
+
+
+@dataclass(frozen=True)
+class Drawn:
+    """The marks a chart draws of a run's: every one but checkpoints past
+    :data:`MOST_CHECKPOINT_MARKS`, and how many checkpoints were marked of how many
+    the run wrote (distinct locations)."""
+
+    marks: tuple[Mark, ...]
+    checkpoints: int
+    written: int
+
+    @property
+    def thinned(self) -> bool:
+        return self.checkpoints < self.written
+
+
+def _location(mark: Mark) -> str:
+    """The location a ``checkpoint <location>`` mark names (its first line)."""
+    return mark.text.removeprefix(CHECKPOINT_PREFIX).split("\n", 1)[0]
+
+
+def _spread(count: int, slots: int) -> list[int]:
+    """``slots`` indices of ``range(count)``, evenly spread, the first and last among them."""
+    if slots >= count:
+        return list(range(count))
+    if slots <= 1:
+        return [count - 1][:slots]
+    return [round(i * (count - 1) / (slots - 1)) for i in range(slots)]
+
+
+def drawn_marks(
+    marks: Sequence[Mark], *, current: str | None = None, most: int = MOST_CHECKPOINT_MARKS
+) -> Drawn:
+    """The marks of ``marks`` a chart draws, in their order.
+
+    A run of at most ``most`` checkpoint marks has every mark drawn. A longer one
+    has each checkpoint location once (the later of a step written again), and of
+    those ``most``: the newest, the run's ``current`` one (``status.json``'s
+    ``checkpoint``) and the rest evenly spread over the run. Every other kind of
+    mark is always drawn. The stream says nothing of retention (a deletion is a log
+    line, not an event), so which checkpoints are still stored is not known here.
+    """
+    checkpoints = [i for i, mark in enumerate(marks) if mark.kind == "checkpoint"]
+    if len(checkpoints) <= most:
+        return Drawn(tuple(marks), len(checkpoints), len(checkpoints))
+    latest: dict[str, int] = {}  # location -> index of its last mark
+    for i in checkpoints:
+        latest[_location(marks[i])] = i
+    written = len(latest)
+    ordered = sorted(latest.values(), key=lambda i: (marks[i].step, i))  # the newest last
+    chosen = _spread(len(ordered), most)
+    at = ordered.index(latest[current]) if current is not None and current in latest else None
+    if at is not None and at not in chosen and len(chosen) > 1:
+        # the current one takes the place of the nearest one chosen, never the newest's
+        nearest = min(chosen[:-1], key=lambda j: abs(j - at))
+        chosen[chosen.index(nearest)] = at
+    kept = {ordered[j] for j in chosen}
+    drawn = tuple(m for i, m in enumerate(marks) if m.kind != "checkpoint" or i in kept)
+    return Drawn(drawn, len(kept), written)
 
 
 @dataclass

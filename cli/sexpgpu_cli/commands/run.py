@@ -45,9 +45,8 @@ THREADS = "cpu.threads"
     "--metrics-sink",
     "metrics_sinks",
     multiple=True,
-    default=("jsonl",),
-    show_default=True,
-    help="A metrics sink by name (repeatable); see `sexpgpu plugins`.",
+    help="A metrics sink to report to besides the run folder's events.jsonl, which is "
+    "always kept (repeatable); see `sexpgpu plugins`.",
 )
 @click.option(
     "--metrics-wait",
@@ -136,6 +135,7 @@ def run(
     from sexpgpu.session import Selection, Target
     from sexpgpu_cli.environment import prepare_environment
     from sexpgpu_cli.launch import Worker, in_worker, launch
+    from sexpgpu_cli.options import metrics_sinks as sinks_of
     from sexpgpu_cli.options import parse_requests
     from sexpgpu_cli.reporting import LogEvery, Reporter
 
@@ -182,7 +182,7 @@ def run(
         ),
         target=target,
         metrics_dir=metrics_dir,
-        metrics_sinks=tuple(metrics_sinks),
+        metrics_sinks=sinks_of(catalog(), metrics_sinks),
         metrics_wait=metrics_wait,
         checkpoint_dir=checkpoint_dir or None,
         resume=resume or None,
