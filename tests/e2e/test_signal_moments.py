@@ -54,6 +54,8 @@ def _torch():
 
     def build(attrs):
         def hold(x):
+            if x.device.type == "meta":  # the lowering's check of its output type
+                return x
             folder = Path(os.environ["HOLD_DIR"])
             calls = len(list(folder.glob("entered-*"))) + 1
             done = torch.futures.Future()
