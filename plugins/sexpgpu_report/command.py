@@ -107,6 +107,21 @@ def runs(metrics_dir: str, as_json: bool) -> None:
         click.echo(f"no runs under {metrics_dir}")
     else:
         click.echo(_table([COLUMNS, *(_cells(row) for row in found)]))
+        _say_unrecorded([Path(row.folder) for row in found])
+
+
+def _say_unrecorded(folders: list[Path]) -> None:
+    """Say which runs kept no events.jsonl (their metrics sinks were others only, the
+    jsonl plugin off), so an empty row or chart is not taken for a run that did nothing."""
+    from sexpgpu_report.listing import EVENTS_FILE
+
+    missing = [f.name for f in folders if f.is_dir() and not (f / EVENTS_FILE).exists()]
+    if missing:
+        click.echo(
+            f"no {EVENTS_FILE}, so no numbers shown, for: {', '.join(missing)} "
+            "(a run whose metrics went to other sinks only, or that ended before opening them)",
+            err=True,
+        )
 
 
 @click.command("report")
@@ -152,6 +167,7 @@ def report(run: str, metrics_dir: str, out: str | None, watch: bool, interval: f
         if code:
             raise SystemExit(code)
         return
+    _say_unrecorded([folder])
     write_once(folder, target, 0.0)
 
 

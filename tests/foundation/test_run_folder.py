@@ -56,6 +56,14 @@ def test_a_run_without_the_jsonl_plugin_says_so_at_its_start(
         "go to csv only"
     )
     assert not list((tmp_path / "m").glob("*/events.jsonl"))
+    # and the commands that read a run's events say why they show none
+    listed = run_sexpgpu(["runs", "--metrics-dir", str(tmp_path / "m")], cwd=project)
+    assert listed.returncode == 0, listed.stderr
+    (slug,) = [p.name for p in (tmp_path / "m").iterdir()]
+    assert listed.stderr == (
+        f"no events.jsonl, so no numbers shown, for: {slug} (a run whose metrics went to "
+        "other sinks only, or that ended before opening them)\n"
+    )
 
 
 def test_evaluate_from_another_folder_says_how_to_find_the_file_and_the_metrics(
