@@ -344,8 +344,8 @@ class Catalog:
         """Every available optimizer, by name, with the plugin that supplies it."""
         hook = "sexpgpu_optimizers"
         owners = [record.name for _, record in self._claims(hook)]
-        return {
-            info.name: dataclasses.replace(info, plugin=owner)
+        return {  # a duck-typed descriptor, not the documented dataclass, as it is
+            info.name: dataclasses.replace(info, plugin=owner) if hasattr(info, "plugin") else info
             for info, owner in zip(self.available(hook), owners, strict=True)
         }
 

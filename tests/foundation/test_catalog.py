@@ -55,6 +55,25 @@ def test_a_hand_made_catalog_has_what_it_was_given_and_nothing_else(no_entry_poi
         catalog.open_location("s3://b/r")
 
 
+def test_an_optimizer_names_its_plugin_and_a_duck_typed_one_is_taken_as_it_is(
+    no_entry_points,
+) -> None:
+    from types import SimpleNamespace
+
+    from sexpgpu.hookspecs import hookimpl
+
+    duck = SimpleNamespace(name="duck", options={"lr": 0.1}, state_names=lambda o: (), doc="")
+
+    class Ducks:
+        @hookimpl
+        def sexpgpu_optimizers(self):
+            return [duck]
+
+    optimizers = Catalog.of({**OURS, "ducks": Ducks()}).optimizers()
+    assert optimizers["adam"].plugin == "torch"  # for the lowering's messages
+    assert optimizers["duck"] is duck
+
+
 def test_a_program_compiles_lowers_and_trains_from_a_hand_made_catalog(no_entry_points) -> None:
     catalog = Catalog.of(OURS)
     session = Session.start(catalog, Selection(str(EXAMPLES / "my-run.sx")), Target())
