@@ -33,7 +33,6 @@ import pluggy
 
 from sexpgpu import __version__, hookspecs
 from sexpgpu.errors import PluginError, StorageError
-from sexpgpu.lang.text import listing, suggest
 from sexpgpu.plugin_supplies import (
     DISABLE_PLUGINS,
     PROJECT_DISTRIBUTION,
@@ -210,7 +209,7 @@ class Catalog:
         for name in names:
             if name in known:
                 continue
-            hint = suggest(name, known)
+            hint = f" (did you mean '{close}'?)" if (close := nearest(name, known)) else ""
             self.warnings.append(f"{variable} names '{name}', which is no installed plugin{hint}")
 
     def _trace(self) -> None:
@@ -303,8 +302,9 @@ class Catalog:
         known one, and the plugins disabled that might supply it; else as :meth:`require`."""
         known = sorted({item.name for item, _ in self.supplied(hook)})
         if name not in known:
+            hint = f" (did you mean '{close}'?)" if (close := nearest(name, known)) else ""
             raise PluginError(
-                f"unknown {kind} '{name}'{suggest(name, known)}; {kind}s: {listing(known)}"
+                f"unknown {kind} '{name}'{hint}; {kind}s: {', '.join(known) or 'none'}"
                 + self.disabled_hint()
             )
         return self.require(hook, f"the {kind} '{name}'", lambda item: item.name == name)

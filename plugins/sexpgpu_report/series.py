@@ -20,8 +20,9 @@ from sexpgpu_report.fields import number, open_regular, seconds, text, whole
 __all__ = ["Drawn", "Mark", "RunSeries", "drawn_marks", "read_events", "series_of"]
 
 # How an annotation's first line is told apart: the kind of mark it is.
+CHECKPOINT_PREFIX = "checkpoint "
 MARK_KINDS = (
-    ("checkpoint ", "checkpoint"),
+    (CHECKPOINT_PREFIX, "checkpoint"),
     ("resumed from ", "resumed"),
     ("interrupted by ", "interrupted"),
     ("failed: ", "failed"),
@@ -56,7 +57,6 @@ class Mark:
 
 MOST_CHECKPOINT_MARKS = 20
 """The most checkpoint marks a chart draws: a long run's hundreds would grey it out."""
-CHECKPOINT_PREFIX = "checkpoint "
 
 
 @dataclass(frozen=True)

@@ -26,25 +26,16 @@ from sexpgpu.lang.ops.spec import (
 )
 from sexpgpu.lang.text import describe, err
 
-COMPARISONS = {
-    "lt": ("<", "a < b"),
-    "le": ("<=", "a <= b"),
-    "gt": (">", "a > b"),
-    "ge": (">=", "a >= b"),
-    "eq": ("==", "a == b"),
-    "ne": ("!=", "a != b"),
+COMPARISONS: dict[str, tuple[str, str, Callable[[Any, Any], bool]]] = {
+    "lt": ("<", "a < b", operator.lt),
+    "le": ("<=", "a <= b", operator.le),
+    "gt": (">", "a > b", operator.gt),
+    "ge": (">=", "a >= b", operator.ge),
+    "eq": ("==", "a == b", operator.eq),
+    "ne": ("!=", "a != b", operator.ne),
 }
-"""Each comparison's IR name, its surface symbol, and what it computes (elementwise)."""
-
-
-_COMPARE_NUMBERS: dict[str, Callable[[Any, Any], bool]] = {
-    "lt": operator.lt,
-    "le": operator.le,
-    "gt": operator.gt,
-    "ge": operator.ge,
-    "eq": operator.eq,
-    "ne": operator.ne,
-}
+"""Each comparison's IR name, its surface symbol, what it computes (elementwise), and
+how two numbers known before training compare."""
 
 
 def _fold_compare(name: str) -> Callable[[list[Any], Pos], bool]:
@@ -54,7 +45,7 @@ def _fold_compare(name: str) -> Callable[[list[Any], Pos], bool]:
         for v in values:
             if isinstance(v, bool) or not isinstance(v, (int, float)):
                 raise err(f"{name} compares numbers or tensors, got {describe(v)}", pos)
-        return _COMPARE_NUMBERS[name](*values)
+        return COMPARISONS[name][2](*values)
 
     return fold
 
@@ -141,7 +132,7 @@ OPS: tuple[OpSpec, ...] = (
             surface=(symbol, name),
             fold=_fold_compare(name),
         )
-        for name, (symbol, said) in COMPARISONS.items()
+        for name, (symbol, said, _) in COMPARISONS.items()
     ),
     OpSpec(
         "where",
