@@ -340,4 +340,12 @@ def test_a_failing_pass_keeps_its_committed_step_and_names_the_pass(
     resumed = _sexpgpu(site, tmp_path, *args, disable="broken")
     assert resumed.returncode == 0, resumed.stderr
     assert '"event": "run resumed"' in resumed.stderr
-    assert (tmp_path / "ck" / "step-00000004" / "experiment.json").is_file()
+    # to the bit of a run whose pass never failed
+    whole = tmp_path / "whole"
+    whole.mkdir()
+    _program(whole, metric="fragile")
+    never = _sexpgpu(site, whole, *args, disable="broken")
+    assert never.returncode == 0, never.stderr
+    for name in ("params.safetensors", "states.safetensors"):
+        at = Path("ck", "step-00000004", name)
+        assert (tmp_path / at).read_bytes() == (whole / at).read_bytes(), name
