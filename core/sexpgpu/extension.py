@@ -122,6 +122,20 @@ class Trainer(Protocol):
         nothing and returns ``None``."""
         return None
 
+    def generate(
+        self,
+        generator: Any,
+        batch: Mapping[str, np.ndarray],
+        *,
+        seed: int,
+        draw: tuple,
+        stopping: Any,
+    ) -> dict[str, np.ndarray] | None:
+        """The records of ``generator`` (:class:`sexpgpu.lang.ir.Generator`) for ``batch``'s
+        prompts, trip by trip, drawn from ``(seed, "generate", generator.name, *draw,
+        trip)``; ``None`` (abandoned) when ``stopping()`` holds before a trip."""
+        raise NotImplementedError("this trainer does not generate")
+
     def init_params(self) -> None:
         """Initialise every parameter from the run's seed (``(seed, "init", path)``)."""
 
@@ -516,6 +530,8 @@ class DataSourceInfo:
     ``run`` and ``check``, but not for ``sexpgpu evaluate``, which opens only the data
     its passes read (an evaluator on another machine has no training data). A source
     whose ``fields`` need a file (``npy`` reads its headers) needs it everywhere.
+    ``prompt_length(options, seq)``: the tokens of ``inputs`` that prompt a generator;
+    ``verify(options, seq, records)``: its records' rewards (docs/generate.md).
     """
 
     name: str
@@ -527,6 +543,8 @@ class DataSourceInfo:
     doc: str = ""
     option_docs: Mapping[str, str] = field(default_factory=dict)
     path_options: tuple[str, ...] = ()
+    prompt_length: Callable[[Mapping[str, Any], int], int] | None = None
+    verify: Callable[[Mapping[str, Any], int, Mapping[str, np.ndarray]], np.ndarray] | None = None
 
 
 # ---------------------------------------------------------------- evaluation

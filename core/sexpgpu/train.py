@@ -209,8 +209,20 @@ class Run:
                 stage, step_in_stage = program.stage_of(step)
                 if stage != self.loader_stage:
                     self._open_stage_loader(stage)
-                batch = self.loader.next_batch()
                 decl = program.stages[stage]
+                given = self.loader.position() if decl.generator else None
+                batch = self.loader.next_batch()
+                if decl.generator:
+                    batch = self.trainer.generate(
+                        decl.generator,
+                        batch,
+                        seed=program.run.seed,
+                        draw=("step", step),
+                        stopping=self.stops.pass_may_stop,
+                    )
+                    if batch is None:  # abandoned: its prompts go back, nothing was counted
+                        self.loader.restore(given)
+                        return self._interrupted(generating=True)
                 lr = lr_at(decl.optimizer, step_in_stage, decl.steps)
                 proposal = self.trainer.propose(batch, stage=stage, step=step, lr=lr)
                 self._report_unreported()  # the step before: this one is queued behind it
@@ -304,6 +316,8 @@ class Run:
             self.counters["records"] += records
         if "tokens" in self.counters:
             self.counters["tokens"] += int(batch[self.loader_info.tokens_field].size)
+        if "generated" in self.counters and "completion-mask" in batch:
+            self.counters["generated"] += int(batch["completion-mask"].sum())
 
     def _maybe_evaluate(self, step: int) -> None:
         due = [p.name for p in self.program.evals if p.every and step % p.every == 0]
@@ -349,11 +363,13 @@ class Run:
 
     # ---------------------------------------------------------------- endings
 
-    def _interrupted(self) -> RunOutcome:
+    def _interrupted(self, generating: bool = False) -> RunOutcome:
         # The spec's order: the stop is named and reported, then its checkpoint written.
         self._report_unreported()
         name, signum = self.stops.settle()
-        self.metrics.annotation(self.step, f"interrupted by {name} at step {self.step}")
+        passes = [p for p in self.program.evals if p.name in self.evals_pending]
+        tail = " while generating" if generating or any(p.generator for p in passes) else ""
+        self.metrics.annotation(self.step, f"interrupted by {name} at step {self.step}{tail}")
         if self.step > 0:
             self._checkpoint(finished=False)
             self.outputs.wait_for_checkpoint()

@@ -62,6 +62,8 @@ def data_sources() -> list[DataSourceInfo]:
             options=dict(ARITH_DEFAULTS),
             fields=_later("generated", "arithmetic_fields"),
             factory=_later("generated", "arithmetic_loader"),
+            prompt_length=_later("generated", "arithmetic_prompt"),
+            verify=_later("generated", "arithmetic_verify"),
             doc="Addition problems 'a+b=c' as tokens (vocab 16: digits 0-9, + 10, = 11, pad 12, end 13); "
             "only the answer is scored.",
             option_docs={
@@ -74,6 +76,8 @@ def data_sources() -> list[DataSourceInfo]:
             options=dict(SEQ_DEFAULTS),
             fields=_later("generated", "copy_fields"),
             factory=_later("generated", "copy_loader"),
+            prompt_length=_later("generated", "seqtask_prompt"),
+            verify=_later("generated", "seqtask_verify"),
             doc="Random symbols, a separator, then the same symbols again; only the copy is scored.",
             option_docs={
                 "vocab": "token count (at least 4): symbols 0..vocab-3, separator vocab-2, pad vocab-1",
@@ -86,6 +90,8 @@ def data_sources() -> list[DataSourceInfo]:
             options=dict(SEQ_DEFAULTS),
             fields=_later("generated", "sort_fields"),
             factory=_later("generated", "sort_loader"),
+            prompt_length=_later("generated", "seqtask_prompt"),
+            verify=_later("generated", "seqtask_verify"),
             doc="Random symbols, a separator, then the symbols in ascending order; only the sorted half is scored.",
             option_docs={
                 "vocab": "token count (at least 4): symbols 0..vocab-3, separator vocab-2, pad vocab-1",

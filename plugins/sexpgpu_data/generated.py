@@ -122,6 +122,29 @@ def arithmetic_loader(
     )
 
 
+def arithmetic_prompt(options: Mapping[str, Any], seq: int) -> int:
+    """``a + b =``: the operands and both signs."""
+    return 2 * int(resolve_options("arithmetic", ARITH_DEFAULTS, options)["digits"]) + 2
+
+
+def arithmetic_verify(
+    options: Mapping[str, Any], seq: int, records: Mapping[str, np.ndarray]
+) -> np.ndarray:
+    """The share of the answer (its digits and the end token) the completion gets right."""
+    digits = int(resolve_options("arithmetic", ARITH_DEFAULTS, options)["digits"])
+    return _answer_match(records, arithmetic_prompt(options, seq), digits + 2)
+
+
+def _answer_match(records: Mapping[str, np.ndarray], prompt: int, answer: int) -> np.ndarray:
+    """Per record, the share of the ``answer`` tokens after the ``prompt`` that the
+    completion has at their places (the scored targets say what they are); a
+    completion shorter than the answer misses the rest."""
+    wanted = records["targets"][:, prompt - 1 : prompt - 1 + answer]
+    made = records["completion"][:, :answer]
+    right = (made == wanted[:, : made.shape[1]]).sum(axis=1)
+    return (right / answer).astype(np.float32)
+
+
 # ---------------------------------------------------------------- copy and sort
 
 
@@ -173,6 +196,24 @@ def _seqtask_loader(name: str):
 
     factory.__doc__ = f"Rows ``x <sep> {name}(x) <pad>...`` of random symbols."
     return factory
+
+
+def _seqtask_length(name: str, options: Mapping[str, Any], seq: int) -> int:
+    length = int(resolve_options(name, SEQ_DEFAULTS, options)["length"])
+    return length or seq // 2
+
+
+def seqtask_prompt(options: Mapping[str, Any], seq: int) -> int:
+    """The symbols and the separator (``copy`` and ``sort`` alike)."""
+    return _seqtask_length("sort", options, seq) + 1
+
+
+def seqtask_verify(
+    options: Mapping[str, Any], seq: int, records: Mapping[str, np.ndarray]
+) -> np.ndarray:
+    """The share of the copied (or sorted) symbols the completion gets right, in place."""
+    length = _seqtask_length("sort", options, seq)
+    return _answer_match(records, length + 1, length)
 
 
 copy_fields = _seqtask_fields("copy")

@@ -33,10 +33,22 @@ class PassRunner:
         loader = open_data(eval_pass.data, seed + EVAL_SEED_OFFSET)
         batches = max(1, eval_pass.batches)
         totals: dict[str, float] = {}
-        for _ in range(batches):
+        generator = getattr(eval_pass, "generator", None)
+        for index in range(batches):
             if stopping():
                 return None  # a pass in flight stops at its next batch and reports nothing
-            for name, value in trainer.evaluate(eval_pass.name, loader.next_batch()).items():
+            batch = loader.next_batch()
+            if generator is not None:  # its draws: the same at every pass, as its data
+                batch = trainer.generate(
+                    generator,
+                    batch,
+                    seed=seed + EVAL_SEED_OFFSET,
+                    draw=("batch", index),
+                    stopping=stopping,
+                )
+                if batch is None:
+                    return None  # abandoned between two trips
+            for name, value in trainer.evaluate(eval_pass.name, batch).items():
                 totals[name] = totals.get(name, 0.0) + value
         numbers = {}
         for name, total in totals.items():

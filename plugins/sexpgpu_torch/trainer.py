@@ -33,6 +33,7 @@ from sexpgpu_torch.graphs import compile_graph
 from sexpgpu_torch.initializers import init_tensor
 from sexpgpu_torch.optim import clip_by_global_norm
 from sexpgpu_torch.rng import derive_seed
+from sexpgpu_torch.sampling import Sampler
 from sexpgpu_torch.strategy import GraphFn, Strategy
 
 Tensor = torch.Tensor
@@ -154,9 +155,22 @@ class TorchTrainer(Trainer):
             self.decay.append([not (skip & set(d.tags)) for d in self.decls if d.trainable])
         self.evals = {e.name: (e, strategy.evaluation(graph(e.graph))) for e in program.evals}
         self.fields = [
-            {name: TORCH_DTYPES[t.dtype] for name, t in s.data.fields.items()}
-            for s in program.stages
+            {name: TORCH_DTYPES[t.dtype] for name, t in s.fields.items()} for s in program.stages
         ]
+        self.samplers = {
+            gen.name: Sampler(
+                gen,
+                strategy.evaluation(graph(gen.logits)),
+                strategy.evaluation(graph(gen.reward)) if gen.reward else None,
+                self._run_quietly,
+                self.device,
+            )
+            for gen in [
+                *(s.generator for s in program.stages),
+                *(e.generator for e in program.evals),
+            ]
+            if gen is not None
+        }
         self._decl_by_path: dict[str, ParamDecl] = {d.path: d for d in self.decls}
         self.params: dict[str, Tensor] = {}
         self.ctx.params = self.params  # the same dict for good: graphs read it by path
@@ -181,11 +195,13 @@ class TorchTrainer(Trainer):
             self.params[decl.path] = t.requires_grad_(decl.trainable)
         try:
             for stage, decl in enumerate(self.program.stages):
-                batch = _zeros(decl.data.fields)
+                batch = _zeros(decl.fields)
                 first = self.group_start[stage] + 1
                 self.propose(batch, stage=stage, step=first, lr=1e-3)
             for eval_pass in self.program.evals:
-                self.evaluate(eval_pass.name, _zeros(eval_pass.data.fields))
+                self.evaluate(eval_pass.name, _zeros(eval_pass.fields))
+            for sampler in self.samplers.values():
+                sampler.warm_up()
         finally:
             self.params.clear()
             self.states = {}
@@ -447,17 +463,43 @@ class TorchTrainer(Trainer):
         if entry is None:
             raise RunError(f"the program has no eval pass '{pass_name}'")
         decl, run = entry
-        self._inputs(batch, {n: TORCH_DTYPES[t.dtype] for n, t in decl.data.fields.items()})
-        self.ctx.training = False
+        self._inputs(batch, {n: TORCH_DTYPES[t.dtype] for n, t in decl.fields.items()})
+        outputs = self._run_quietly(run, self.ctx.inputs)
         with torch.no_grad():
-            if self.autocast:
-                with torch.autocast(self.device.type, dtype=torch.bfloat16):
-                    outputs = run()
-            else:
-                outputs = run()
             values = torch.stack([o.detach().float().reshape(()) for o in outputs]).tolist()
-        self.ctx.inputs = {}
         return dict(zip(decl.metrics, values, strict=True))
+
+    def _run_quietly(self, run: GraphFn, inputs: Mapping[str, Tensor]) -> list[Tensor]:
+        """``run`` on ``inputs`` as an eval pass runs: no dropout, no gradients."""
+        self.ctx.inputs, self.ctx.training = dict(inputs), False
+        try:
+            with torch.no_grad():
+                if self.autocast:
+                    with torch.autocast(self.device.type, dtype=torch.bfloat16):
+                        return run()
+                return run()
+        finally:
+            self.ctx.inputs = {}
+
+    # -- generation
+
+    def generate(
+        self,
+        generator: Any,
+        batch: Mapping[str, np.ndarray],
+        *,
+        seed: int,
+        draw: tuple[Any, ...],
+        stopping: Any,
+    ) -> dict[str, np.ndarray] | None:
+        """The records ``generator`` makes from ``batch``'s prompts (see
+        :mod:`sexpgpu_torch.sampling`); ``None`` when abandoned at a stop. Every rank
+        of several makes the whole batch's records with the same draws, and its step
+        then takes its own part of them."""
+        sampler = self.samplers.get(generator.name)
+        if sampler is None:
+            raise RunError(f"the program has no generator '{generator.name}'")
+        return sampler.records(batch, seed=seed, draw=draw, stopping=stopping)
 
 
 def _zeros(fields: Mapping[str, Any]) -> dict[str, np.ndarray]:

@@ -125,7 +125,7 @@ def run(extra: str = "", **replace: str) -> str:
         (run(":precision f16"), "my-run.sx:10:53: :precision is f32 or bf16, got f16"),
         (
             run(":counters (tokens recs)"),
-            "my-run.sx:10:60: unknown counter 'recs' (did you mean 'records'?); counters: records, tokens",
+            "my-run.sx:10:60: unknown counter 'recs' (did you mean 'records'?); counters: generated, records, tokens",
         ),
         (
             run(":checkpoint-every 0"),

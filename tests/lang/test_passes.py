@@ -329,7 +329,7 @@ def test_loss_graph_needs_a_scalar():
     stage = next(iter(plan_run(defs, knobs, read_defrun(defs), CATALOG).items))
     exprs = ExprCompiler(Statics(knobs.values), GraphEnv(OpTable(CATALOG)))
     with pytest.raises(SourceError, match="the loss must be a scalar"):
-        loss_graph(exprs, _expr("(model inputs)"), stage.data, model.roots)
+        loss_graph(exprs, _expr("(model inputs)"), stage.data.fields, model.roots)
 
 
 # ---------------------------------------------------------------- assemble and the pipeline

@@ -31,6 +31,7 @@ DEFRUN_OPTIONS = (
     "stages",
     "evals",
     "with-loaded",
+    "generate",
 )
 
 

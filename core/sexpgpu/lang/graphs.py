@@ -15,6 +15,7 @@ from sexpgpu.errors import PluginError, Pos, SexpError, SourceError
 from sexpgpu.lang import ir as g
 from sexpgpu.lang.builder import Builder, Ctx, GraphEnv, T
 from sexpgpu.lang.expr import ExprCompiler
+from sexpgpu.lang.generate import build_generator
 from sexpgpu.lang.knobs import Knobs
 from sexpgpu.lang.model import Instance, Model
 from sexpgpu.lang.ops import FLOATS
@@ -49,19 +50,28 @@ def build_graphs(plan: RunPlan, model: Model, knobs: Knobs, catalog: Catalog) ->
     evals: list[g.EvalPass] = []
     for item in plan.items:
         if isinstance(item, StagePlan):
-            loss = loss_graph(exprs, item.loss, item.data, model.roots)
-            stages.append(g.Stage(item.name, item.steps, item.data, item.optimizer, loss))
+            gen = None
+            if item.sample is not None:
+                gen = build_generator(
+                    exprs, item.sample, item.data, model.roots, f"stage {item.name}"
+                )
+            fields = gen.fields if gen else item.data.fields
+            loss = loss_graph(exprs, item.loss, fields, model.roots)
+            stages.append(g.Stage(item.name, item.steps, item.data, item.optimizer, loss, gen))
         else:
             evals.append(eval_pass(exprs, item, model.roots))
     return Graphs(tuple(stages), tuple(evals), env.sites.named())
 
 
 def loss_graph(
-    exprs: ExprCompiler, node: Any, data: g.DataDecl, roots: Mapping[str, Instance]
+    exprs: ExprCompiler,
+    node: Any,
+    fields: Mapping[str, g.TensorType],
+    roots: Mapping[str, Instance],
 ) -> g.Graph:
-    """The graph of the loss expression ``node`` on ``data``'s fields."""
+    """The graph of the loss expression ``node`` on a batch of ``fields``."""
     b = Builder(exprs.env)
-    out = scalar(exprs, node, "the loss", Ctx(b, None, {}, data.fields, roots))
+    out = scalar(exprs, node, "the loss", Ctx(b, None, {}, fields, roots))
     return b.graph([out])
 
 
@@ -84,8 +94,11 @@ def eval_pass(exprs: ExprCompiler, plan: EvalPlan, roots: Mapping[str, Instance]
 
     A metric is one the plugins supply, by name, or ``(name expression)``.
     """
+    gen = None
+    if plan.sample is not None:
+        gen = build_generator(exprs, plan.sample, plan.data, roots, f"eval {plan.name}")
     b = Builder(exprs.env)
-    ctx = Ctx(b, None, {}, plan.data.fields, roots)
+    ctx = Ctx(b, None, {}, gen.fields if gen else plan.data.fields, roots)
     registered = plan.registered
     names: list[str] = []
     outs: list[T] = []
@@ -113,7 +126,8 @@ def eval_pass(exprs: ExprCompiler, plan: EvalPlan, roots: Mapping[str, Instance]
             raise err(f"metric '{mname}' is listed twice", mn.pos)
         names.append(mname)
         outs.append(out)
-    return g.EvalPass(plan.name, plan.every, plan.data, plan.batches, tuple(names), b.graph(outs))
+    graph = b.graph(outs)
+    return g.EvalPass(plan.name, plan.every, plan.data, plan.batches, tuple(names), graph, gen)
 
 
 def _registered_metric(
@@ -146,14 +160,14 @@ def _metric_expression(exprs: ExprCompiler, info: Any, pos: Pos, plan: EvalPlan,
         bound["loss"] = scalar(exprs, plan.loss, "the loss", ctx)
     data = plan.data
     for needed in ("inputs", "targets") if "logits" in used else ():
-        if needed not in data.fields:
+        if needed not in ctx.fields:
             raise err(
                 f"the metric {info.name} compares (model inputs) with targets; "
                 f"data '{data.name}' has no field {needed}",
                 pos,
             )
     if "logits" in used:
-        inputs = ctx.b.input("inputs", data.fields["inputs"], pos)
+        inputs = ctx.b.input("inputs", ctx.fields["inputs"], pos)
         logits = exprs.call_layer(ctx.roots["model"], [inputs], pos, ctx)
         if not isinstance(logits, T):
             raise err(

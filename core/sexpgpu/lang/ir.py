@@ -171,15 +171,54 @@ class OptimizerDecl:
 
 
 @dataclass(frozen=True)
+class Generator:
+    """A ``(sample ...)``: the records a stage's step or a pass's batch makes by sampling
+    ``new_tokens`` tokens from the root ``root`` after each prompt (the first
+    ``prompt_length`` tokens of the data's ``inputs``), ``samples`` times per prompt
+    (docs/generate.md). ``logits`` gives the root's logits ``[records, seq, vocab]`` for
+    the field ``sequence``; ``reward`` gives ``f32[records]`` from the other ``fields``,
+    or is ``None`` when ``verify`` (the data source's verifier, over the records as
+    arrays) scores them. ``name`` is unique in the program (``stage main``, ``eval
+    probe``) and keys its draws."""
+
+    name: str
+    root: str
+    new_tokens: int
+    samples: int
+    temperature: float
+    top_k: int
+    top_p: float
+    stop: int | None
+    prompt_length: int
+    vocab: int
+    fields: Mapping[str, TensorType]
+    logits: Graph
+    reward: Graph | None
+    verify: Any
+    pos: Pos
+
+    @property
+    def pad(self) -> int:
+        """The token after a stop and past the completion: the stop token, else 0."""
+        return self.stop if self.stop is not None else 0
+
+
+@dataclass(frozen=True)
 class Stage:
     """One stage of a run: its steps, data, optimizer, and the graph from the data's
-    fields to the scalar loss."""
+    fields (a generator's records, when it has one) to the scalar loss."""
 
     name: str
     steps: int
     data: DataDecl
     optimizer: OptimizerDecl
     loss: Graph
+    generator: Generator | None = None
+
+    @property
+    def fields(self) -> Mapping[str, TensorType]:
+        """The fields its loss reads: the generator's records, or the data's batch."""
+        return self.generator.fields if self.generator else self.data.fields
 
 
 @dataclass(frozen=True)
@@ -193,6 +232,12 @@ class EvalPass:
     batches: int
     metrics: tuple[str, ...]
     graph: Graph
+    generator: Generator | None = None
+
+    @property
+    def fields(self) -> Mapping[str, TensorType]:
+        """The fields its metrics read: the generator's records, or the data's batch."""
+        return self.generator.fields if self.generator else self.data.fields
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from sexpgpu.lang import ir as g
 from sexpgpu.lang.declarations import Declarations
 from sexpgpu.lang.definitions import Definitions
 from sexpgpu.lang.defrun import RunForm
+from sexpgpu.lang.generate import SamplePlan, read_sample
 from sexpgpu.lang.knobs import Knobs
 from sexpgpu.lang.ops import FLOATS
 from sexpgpu.lang.reader import SList, SVec, Sym
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
 
 __all__ = ["COUNTERS", "EvalPlan", "RunPlan", "StagePlan", "plan_run"]
 
-COUNTERS = ("tokens", "records")
+COUNTERS = ("tokens", "records", "generated")
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,8 @@ class StagePlan:
     data: g.DataDecl
     optimizer: g.OptimizerDecl
     loss: Any
+    sample: SamplePlan | None = None
+    """Its generator (``:generate``), whose records the loss reads instead of the data."""
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,7 @@ class EvalPlan:
     registered: Mapping[str, Any]
     loss: Any
     pos: Pos
+    sample: SamplePlan | None = None
 
 
 @dataclass(frozen=True)
@@ -118,7 +122,8 @@ def _counters(node: Any, statics: Statics) -> tuple[str, ...]:
     for c, n in zip(counters, node.items, strict=True):
         if c not in COUNTERS:
             raise err(
-                f"unknown counter '{c}'{suggest(c, COUNTERS)}; counters: records, tokens", n.pos
+                f"unknown counter '{c}'{suggest(c, COUNTERS)}; counters: generated, records, tokens",
+                n.pos,
             )
     if len(set(counters)) != len(counters):
         raise err("a counter is listed twice", node.pos)
@@ -174,7 +179,9 @@ def _stages(run: RunForm, decls: Declarations, base: g.OptimizerDecl | None) -> 
         raise err("defrun needs :optimizer, e.g. :optimizer (adam :lr 0.001)", form.pos)
     if "loss" not in opts:
         raise err("defrun needs :loss, e.g. :loss (cross-entropy (model inputs) targets)", form.pos)
-    yield StagePlan("main", steps, decls.data_decl(opts["data"]), base, opts["loss"])
+    data = decls.data_decl(opts["data"])
+    sample = read_sample(opts["generate"], data, decls) if "generate" in opts else None
+    yield StagePlan("main", steps, data, base, opts["loss"], sample)
 
 
 def _stage(
@@ -186,7 +193,11 @@ def _stage(
 ) -> StagePlan:
     """One ``(stage name :steps N ...)``; what it leaves out is the run's."""
     name, s = named_form(
-        sform, "stage", "(stage name :steps N ...)", names, ("steps", "data", "optimizer", "loss")
+        sform,
+        "stage",
+        "(stage name :steps N ...)",
+        names,
+        ("steps", "data", "optimizer", "loss", "generate"),
     )
     sname = name.name
     if "steps" not in s:
@@ -201,7 +212,10 @@ def _stage(
     loss = s.get("loss", opts.get("loss"))
     if loss is None:
         raise err(f"stage {sname} needs :loss (or give the run :loss)", sform.pos)
-    return StagePlan(sname, steps, decls.data_decl(data_node), optimizer, loss)
+    data = decls.data_decl(data_node)
+    generate = s.get("generate", opts.get("generate"))
+    sample = read_sample(generate, data, decls) if generate is not None else None
+    return StagePlan(sname, steps, data, optimizer, loss, sample)
 
 
 def _eval(
@@ -213,7 +227,7 @@ def _eval(
         "eval",
         "(eval name :every N :data d :metrics (loss))",
         taken,
-        ("every", "data", "batches", "metrics"),
+        ("every", "data", "batches", "metrics", "generate"),
     )
     if "every" not in e:
         raise err(f"eval {name.name} needs :every N (steps between passes)", form.pos)
@@ -227,4 +241,5 @@ def _eval(
             raise err("(:metrics (loss accuracy)) lists one or more metrics", m.pos)
         metrics = tuple(m.items)
     registered = decls.eval_metrics(form.pos)
-    return EvalPlan(name.name, every, data, batches, metrics, registered, loss, form.pos)
+    sample = read_sample(e["generate"], data, decls) if "generate" in e else None
+    return EvalPlan(name.name, every, data, batches, metrics, registered, loss, form.pos, sample)

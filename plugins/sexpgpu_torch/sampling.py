@@ -1,0 +1,161 @@
+"""A generator's trips (docs/generate.md): one new token for every record per trip.
+
+Each trip runs the root over the whole sequence so far and reads its logits at the
+last written position; a causal model gives there what a key/value cache would. The
+draw of trip ``t`` takes a ``torch.Generator`` seeded from ``(seed, "generate",
+name, *draw, t)`` (Gumbel noise over the filtered logits), so the same step or pass
+samples the same tokens in any process. A record that has made its stop token makes
+only the pad after it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from sexpgpu.lang.ir import Generator
+from sexpgpu_torch.rng import derive_seed
+from sexpgpu_torch.strategy import GraphFn
+
+Tensor = torch.Tensor
+
+
+class Sampler:
+    """Runs one :class:`~sexpgpu.lang.ir.Generator` on a trainer's parameters: ``logits``
+    and ``reward`` are its graphs as the strategy runs them; ``run_graph`` runs one
+    on given inputs with no gradients (the trainer's context, autocast and device)."""
+
+    def __init__(
+        self,
+        gen: Generator,
+        logits: GraphFn,
+        reward: GraphFn | None,
+        run_graph: Callable[[GraphFn, Mapping[str, Tensor]], list[Tensor]],
+        device: torch.device,
+    ) -> None:
+        self.gen, self.logits, self.reward = gen, logits, reward
+        self.run_graph, self.device = run_graph, device
+
+    def records(
+        self,
+        batch: Mapping[str, np.ndarray],
+        *,
+        seed: int,
+        draw: tuple[Any, ...],
+        stopping: Callable[[], bool],
+    ) -> dict[str, np.ndarray] | None:
+        """The records of ``batch``'s prompts, or ``None`` when ``stopping()`` holds
+        before a trip (the records are abandoned)."""
+        gen, dev = self.gen, self.device
+        records_n, seq_len = gen.fields["sequence"].shape
+        p, n, pad = gen.prompt_length, gen.new_tokens, gen.pad
+        repeated = {k: np.repeat(np.asarray(v), gen.samples, axis=0) for k, v in batch.items()}
+        prompt = torch.from_numpy(np.ascontiguousarray(repeated["inputs"][:, :p])).to(dev)
+        sequence = torch.full((records_n, seq_len), pad, dtype=torch.int64, device=dev)
+        sequence[:, :p] = prompt
+        tokens = torch.full((records_n, n), pad, dtype=torch.int64, device=dev)
+        logp = torch.zeros((records_n, n), dtype=torch.float32, device=dev)
+        made = torch.zeros((records_n, n), dtype=torch.float32, device=dev)
+        done = torch.zeros(records_n, dtype=torch.bool, device=dev)
+        for trip in range(n):
+            if stopping():
+                return None
+            if gen.stop is not None and trip and bool(done.all()):
+                break  # every record has stopped: the rest is pad
+            (logits,) = self.run_graph(self.logits, {"sequence": sequence})
+            row = logits[:, p - 1 + trip, :].float()
+            token, token_logp = self._draw(
+                row, derive_seed(seed, "generate", gen.name, *draw, trip)
+            )
+            token = torch.where(done, pad, token)
+            tokens[:, trip] = token
+            logp[:, trip] = torch.where(done, 0.0, token_logp)
+            made[:, trip] = (~done).float()
+            sequence[:, p + trip] = token
+            if gen.stop is not None:
+                done = done | (token == gen.stop)
+        following = torch.full_like(sequence, pad)
+        following[:, :-1] = sequence[:, 1:]
+        following_mask = torch.zeros((records_n, seq_len), dtype=torch.float32, device=dev)
+        following_mask[:, p - 1 : p - 1 + n] = made
+        out = {
+            **repeated,
+            "prompt": prompt,
+            "completion": tokens,
+            "completion-mask": made,
+            "sampled-logp": logp,
+            "sequence": sequence,
+            "next": following,
+            "next-mask": following_mask,
+        }
+        arrays = {k: v.cpu().numpy() if isinstance(v, Tensor) else v for k, v in out.items()}
+        arrays["reward"] = self._reward(arrays)
+        return arrays
+
+    def _draw(self, row: Tensor, seed: int) -> tuple[Tensor, Tensor]:
+        """One token per record from ``row``'s logits, and its log-probability at the
+        generator's temperature (1 when it takes the likeliest token), before top-k
+        and top-p narrow the choice."""
+        gen = self.gen
+        if gen.temperature == 0:
+            token = row.argmax(dim=-1)
+            return token, torch.log_softmax(row, dim=-1).gather(1, token[:, None])[:, 0]
+        scaled = row / gen.temperature
+        logp_all = torch.log_softmax(scaled, dim=-1)
+        kept = scaled
+        if gen.top_k:
+            kth = torch.topk(scaled, gen.top_k, dim=-1).values[:, -1:]
+            kept = kept.masked_fill(scaled < kth, float("-inf"))
+        if gen.top_p < 1.0:
+            kept = _nucleus(kept, gen.top_p)
+        generator = torch.Generator(device=self.device).manual_seed(seed)
+        uniform = torch.rand(row.shape, generator=generator, device=self.device)
+        gumbel = -torch.log(-torch.log(uniform.clamp_min(torch.finfo(torch.float32).tiny)))
+        token = (kept + gumbel).argmax(dim=-1)
+        return token, logp_all.gather(1, token[:, None])[:, 0]
+
+    def _reward(self, arrays: Mapping[str, np.ndarray]) -> np.ndarray:
+        gen = self.gen
+        if self.reward is None:
+            reward = np.asarray(gen.verify(arrays), dtype=np.float32)
+            want = gen.fields["reward"].shape
+            if reward.shape != want:
+                raise ValueError(
+                    f"the data source's verifier gave rewards of shape {list(reward.shape)}, "
+                    f"not {list(want)}"
+                )
+            return reward
+        inputs = {
+            k: torch.from_numpy(np.ascontiguousarray(v)).to(self.device) for k, v in arrays.items()
+        }
+        (reward,) = self.run_graph(self.reward, inputs)
+        return reward.detach().float().cpu().numpy()
+
+    def warm_up(self) -> None:
+        """Run the logits and the reward graph once on zeros (a compiling strategy
+        compiles them now)."""
+        gen = self.gen
+        zeros = {
+            k: torch.zeros(t.shape, dtype=_DTYPES[t.dtype], device=self.device)
+            for k, t in gen.fields.items()
+        }
+        self.run_graph(self.logits, {"sequence": zeros["sequence"]})
+        if self.reward is not None:
+            self.run_graph(self.reward, zeros)
+
+
+_DTYPES = {"f32": torch.float32, "bf16": torch.float32, "i64": torch.int64, "bool": torch.bool}
+
+
+def _nucleus(logits: Tensor, top_p: float) -> Tensor:
+    """``logits`` with every token outside the smallest set whose probability reaches
+    ``top_p`` (likeliest first, ties in token order) set to minus infinity."""
+    ordered, order = torch.sort(logits, dim=-1, descending=True, stable=True)
+    probs = torch.softmax(ordered, dim=-1)
+    before = torch.cumsum(probs, dim=-1) - probs  # the mass of the likelier tokens
+    drop = before >= top_p
+    drop[:, 0] = False  # the likeliest token always stays
+    return logits.masked_fill(torch.zeros_like(drop).scatter(1, order, drop), float("-inf"))
