@@ -258,3 +258,69 @@ def test_kill_9_while_generating_resumes_from_the_last_checkpoint_exactly(
     proc.communicate()
     shutil.rmtree(site / "m")
     _resume_and_compare(site, plugins, lowering, whole)
+
+
+PASS_PROGRAM = f"""
+(defmodel lm (vocab seq dim)
+  (layer embed (embedding vocab dim))
+  (param pos [seq dim] :init (normal 0.02))
+  (layer block (transformer-block dim 2))
+  (layer head (linear dim vocab))
+  (forward (ids) (head (block (gate (+ (embed ids) pos))))))
+(defdata train (sort :vocab 8 :length 3) :seq 8 :batch 4)
+(defrun probed
+  :model (lm 8 8 16)
+  :data train
+  :loss (cross-entropy (model inputs) targets)
+  :optimizer (adam :lr 0.01)
+  :steps 6
+  :seed 5
+  :evals ((eval sampled :every 2 :batches 2
+           :generate (sample model :new-tokens {TRIPS} :samples 2 :temperature 1.0)
+           :metrics ((reward (mean reward)) (made (mean (sum completion-mask :axis 1)))))))
+"""
+
+
+def _pass_points(run_dir: Path) -> dict[tuple[int, str], float]:
+    return {
+        (e["step"], e["name"]): e["value"]
+        for e in events(run_dir)
+        if e.get("kind") == "point" and e["name"].startswith("sampled/")
+    }
+
+
+@pytest.mark.slow
+def test_a_signal_while_a_pass_generates_abandons_the_pass_and_the_resume_runs_it(
+    tmp_path, plugins
+):
+    whole = _site(tmp_path / "whole")
+    (whole / "gated.sx").write_text(PASS_PROGRAM)
+    proc = start(whole, plugins, "--checkpoint-dir", "ckpt")
+    out, err = finish(proc)
+    assert proc.returncode == 0, err
+    (whole_run,) = (whole / "m").iterdir()
+    expected = _pass_points(whole_run)
+    assert sorted({step for step, _ in expected}) == [2, 4, 6]
+
+    site = _site(tmp_path / "site")
+    (site / "gated.sx").write_text(PASS_PROGRAM)
+    at = 2 * TRIPS + 2  # the pass after step 4: the second trip of its first batch
+    proc = _gated_run(site, plugins, "torch", at)
+    os.kill(proc.pid, SIGNALS["SIGTERM"])
+    (site / "gate" / "release").touch()
+    out, err = finish(proc)
+    assert proc.returncode == 143, err
+    assert not (site / "gate" / f"trip-{at + 1}").exists()
+    (run_dir,) = (site / "m").iterdir()
+    assert stops(run_dir) == ["interrupted by SIGTERM at step 4 while generating"]
+    assert (4, "sampled/reward") not in _pass_points(run_dir)  # it reported nothing
+    state = json.loads((step_dir(site, 4) / "state.json").read_text())
+    assert state["evals_pending"] == ["sampled"]
+
+    for old in (site / "gate").iterdir():
+        old.unlink()
+    proc = start(site, plugins, "--checkpoint-dir", "ckpt", "--resume", "latest")
+    out, err = finish(proc)
+    assert proc.returncode == 0, err
+    assert _pass_points(run_dir) == expected  # the pass run again: the same numbers, bit for bit
+    assert_same_tensors(step_dir(site, 6), step_dir(whole, 6))

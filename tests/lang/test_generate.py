@@ -151,7 +151,8 @@ def test_an_eval_pass_with_generate_gets_a_generator():
 def test_the_defrun_itself_can_generate():
     text = source().split("(defrun")[0] + (
         "(defrun one :model (net 20 8) :optimizer (adam :lr 0.01) :steps 2 :data train\n"
-        "  :generate (sample model :new-tokens 4 :samples 2 :top-k 5 :top-p 0.9 :prompt 3)\n"
+        "  :generate (sample model :new-tokens 4 :samples 2 :top-k 5 :top-p 0.9 :prompt 3\n"
+        "             :reward (sum completion-mask :axis 1))\n"
         "  :loss (neg (mean (* reward (sum sampled-logp :axis 1)))))\n"
     )
     (main,) = compile_text(text, FILE).stages
@@ -279,11 +280,18 @@ def test_a_source_with_no_verifier_needs_a_reward(tmp_path):
             id="too-long",
         ),
         pytest.param(
-            {"generate": sample(":prompt 12 :new-tokens 5")},
-            inside(":prompt 12 :new-tokens 5", "5)")
+            {"generate": sample(":prompt 12 :new-tokens 5 :reward 1.0")},
+            inside(":prompt 12 :new-tokens 5 :reward 1.0", "5 ")
             + ": a prompt of 12 tokens and 5 new ones do not fit the sequence "
             "of 16 (data 'train' :seq 16)",
             id="too-long-prompt",
+        ),
+        pytest.param(
+            {"generate": sample(":prompt 3 :new-tokens 5")},
+            inside(":prompt 3 :new-tokens 5", "3")
+            + ": the data source 'sort' verifies answers after its own prompt of 7 tokens; "
+            "with :prompt 3 give sample a :reward",
+            id="prompt-unlike-the-verifier-s",
         ),
         pytest.param(
             {"generate": sample(":new-tokens 0")},
@@ -330,12 +338,14 @@ def test_a_source_with_no_verifier_needs_a_reward(tmp_path):
         ),
         pytest.param(
             {"generate": sample(":new-tokens 7 :stop 20")},
-            f"{SAMPLE}: :stop 20 is not a token of the vocabulary of 20",
+            inside(":new-tokens 7 :stop 20", "20")
+            + ": :stop 20 is not a token of the vocabulary of 20",
             id="stop-outside-vocab",
         ),
         pytest.param(
             {"generate": sample(":new-tokens 7 :top-k 21")},
-            f"{SAMPLE}: :top-k 21 is more than the vocabulary of 20",
+            inside(":new-tokens 7 :top-k 21", "21")
+            + ": :top-k 21 is more than the vocabulary of 20",
             id="top-k-above-vocab",
         ),
         pytest.param(

@@ -70,6 +70,8 @@ class SamplePlan:
     reward: Any
     verify: Any
     pos: Pos
+    places: Mapping[str, Pos]
+    """Where each option's value is written (errors found later point there)."""
 
 
 def read_sample(node: Any, data: g.DataDecl, decls: Declarations) -> SamplePlan:
@@ -109,10 +111,18 @@ def read_sample(node: Any, data: g.DataDecl, decls: Declarations) -> SamplePlan:
             f"i64[batch, seq] (it has {listing(data.fields)})",
             node.pos,
         )
+    own = getattr(info, "prompt_length", None)
+    own = int(own(data.options, data.seq)) if own is not None else None
     if "prompt" in opts:
         prompt = integer("prompt", 0, 1)
-    elif getattr(info, "prompt_length", None) is not None:
-        prompt = int(info.prompt_length(data.options, data.seq))
+        if own is not None and prompt != own and "reward" not in opts:
+            raise err(
+                f"the data source '{data.source}' verifies answers after its own prompt of "
+                f"{own} tokens; with :prompt {prompt} give sample a :reward",
+                opts["prompt"].pos,
+            )
+    elif own is not None:
+        prompt = own
     else:
         raise err(
             f"the data source '{data.source}' gives no prompts; say how many tokens of its "
@@ -151,6 +161,7 @@ def read_sample(node: Any, data: g.DataDecl, decls: Declarations) -> SamplePlan:
         opts.get("reward"),
         verify,
         node.pos,
+        {key: value.pos for key, value in opts.items()},
     )
 
 
@@ -217,10 +228,11 @@ def build_generator(
             f"sample: the root '{root.name}' gives {logits.type}, not floating logits", root.pos
         )
     vocab = shape[2]
+    places = plan.places
     if plan.stop is not None and plan.stop >= vocab:
-        raise err(f":stop {plan.stop} is not a token of the vocabulary of {vocab}", plan.pos)
+        raise err(f":stop {plan.stop} is not a token of the vocabulary of {vocab}", places["stop"])
     if plan.top_k > vocab:
-        raise err(f":top-k {plan.top_k} is more than the vocabulary of {vocab}", plan.pos)
+        raise err(f":top-k {plan.top_k} is more than the vocabulary of {vocab}", places["top-k"])
     reward = None
     if plan.reward is not None:
         reward = _reward_graph(exprs, plan, fields, roots)
