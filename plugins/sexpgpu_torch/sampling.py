@@ -61,10 +61,10 @@ class Sampler:
         made = torch.zeros((records_n, n), dtype=torch.float32, device=dev)
         done = torch.zeros(records_n, dtype=torch.bool, device=dev)
         for trip in range(n):
+            if gen.stop is not None and trip and bool(done.all()):
+                break  # every record has stopped: nothing is left to make, the rest is pad
             if stopping():
                 return None
-            if gen.stop is not None and trip and bool(done.all()):
-                break  # every record has stopped: the rest is pad
             (logits,) = self.run_graph(self.logits, {"sequence": sequence})
             row = logits[:, p - 1 + trip, :].float()
             token, token_logp = self._draw(

@@ -23,52 +23,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.foundation.pluginkit import make_plugin, sexpgpu_command, user_env
+from tests.foundation.pluginkit import sexpgpu_command, user_env
 
+from .gating import make_gate_plugin
 from .helpers import SIGNALS, assert_every_checkpoint_complete, assert_same_tensors, events
-
-GATE_PLUGIN = '''
-"""gate: the identity; its GATE_AT-th call without gradients waits for the test."""
-
-import os
-import time
-from pathlib import Path
-
-from sexpgpu.extension import OpInfo
-from sexpgpu.hookspecs import hookimpl
-from sexpgpu.lang.ops import Arg, OpSpec, same_float
-
-
-def _torch():
-    import torch
-
-    def build(attrs):
-        def gate(x):
-            if x.device.type == "meta" or torch.is_grad_enabled():
-                return x
-            if not bool(x.abs().sum()):  # the compiled lowering's warm-up: zero stand-ins
-                return x
-            folder = Path(os.environ["GATE_DIR"])
-            calls = len(list(folder.glob("trip-*"))) + 1
-            (folder / f"trip-{calls}").touch()
-            if calls == int(os.environ.get("GATE_AT", "0")):
-                bound = time.monotonic() + 120
-                while not (folder / "release").exists() and time.monotonic() < bound:
-                    time.sleep(0.005)
-            return x
-
-        return gate
-
-    return build
-
-
-SPEC = OpSpec("gate", "x, held at one trip of a generator", same_float, (Arg("x"),))
-
-
-@hookimpl
-def sexpgpu_ops():
-    return [OpInfo("gate", SPEC, {"torch": _torch}, SPEC.doc)]
-'''
 
 IMITATE, REINFORCE, TRIPS = 2, 5, 4
 PROGRAM = f"""
@@ -101,15 +59,13 @@ BOUND = 120.0
 @pytest.fixture(scope="module")
 def plugins(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("plugins")
-    return make_plugin(
-        root, "sexpgpu-gate", {"sexpgpu_gate": GATE_PLUGIN}, {"gate": "sexpgpu_gate"}
-    )
+    return make_gate_plugin(root)
 
 
 def _site(root: Path) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     (root / "gated.sx").write_text(PROGRAM)
-    (root / "gate").mkdir(exist_ok=True)
+    (root / "gate" / "rank-0").mkdir(parents=True, exist_ok=True)
     return root
 
 
@@ -165,13 +121,12 @@ def never_stopped(request, tmp_path_factory, plugins) -> tuple[str, Path]:
 
 def _gated_run(site: Path, plugins: Path, lowering: str, at: int) -> subprocess.Popen:
     proc = start(site, plugins, "--checkpoint-dir", "ckpt", "--lowering", lowering, gate_at=at)
-    wait_for(site / "gate" / f"trip-{at}", proc)
+    wait_for(site / "gate" / "rank-0" / f"trip-{at}", proc)
     return proc
 
 
 def _resume_and_compare(site: Path, plugins: Path, lowering: str, whole: Path) -> None:
-    for old in (site / "gate").iterdir():
-        old.unlink()
+    shutil.rmtree(site / "gate")
     proc = start(
         site, plugins, "--checkpoint-dir", "ckpt", "--lowering", lowering, "--resume", "latest"
     )
@@ -207,14 +162,14 @@ def test_a_signal_while_generating_abandons_the_step_and_the_resume_is_exact(
     site = _site(tmp_path / "site")
     proc = _gated_run(site, plugins, lowering, at)
     os.kill(proc.pid, SIGNALS[name])
-    (site / "gate" / "release").touch()
+    (site / "gate" / "rank-0" / "release").touch()
     out, err = finish(proc)
     kept = step - 1
     context = f"{name} at trip {trip} of step {step} ({lowering})"
     assert proc.returncode == 128 + SIGNALS[name], f"{context}: {err}"
     assert f"sexpgpu run: interrupted by {name} at step {kept}" in err.splitlines(), context
     # no trip after the signal's: the generator stopped before its next trip
-    assert not (site / "gate" / f"trip-{at + 1}").exists(), context
+    assert not (site / "gate" / "rank-0" / f"trip-{at + 1}").exists(), context
     (run_dir,) = (site / "m").iterdir()
     assert stops(run_dir) == [f"interrupted by {name} at step {kept} while generating"], context
     status = json.loads((run_dir / "status.json").read_text())
@@ -237,7 +192,7 @@ def test_a_signal_in_the_last_trip_keeps_the_step(tmp_path, plugins, never_stopp
     site = _site(tmp_path / "site")
     proc = _gated_run(site, plugins, lowering, at)
     os.kill(proc.pid, SIGNALS["SIGTERM"])
-    (site / "gate" / "release").touch()
+    (site / "gate" / "rank-0" / "release").touch()
     out, err = finish(proc)
     assert proc.returncode == 143, err
     assert f"sexpgpu run: interrupted by SIGTERM at step {step}" in err.splitlines()
@@ -307,18 +262,17 @@ def test_a_signal_while_a_pass_generates_abandons_the_pass_and_the_resume_runs_i
     at = 2 * TRIPS + 2  # the pass after step 4: the second trip of its first batch
     proc = _gated_run(site, plugins, "torch", at)
     os.kill(proc.pid, SIGNALS["SIGTERM"])
-    (site / "gate" / "release").touch()
+    (site / "gate" / "rank-0" / "release").touch()
     out, err = finish(proc)
     assert proc.returncode == 143, err
-    assert not (site / "gate" / f"trip-{at + 1}").exists()
+    assert not (site / "gate" / "rank-0" / f"trip-{at + 1}").exists()
     (run_dir,) = (site / "m").iterdir()
     assert stops(run_dir) == ["interrupted by SIGTERM at step 4 while generating"]
     assert (4, "sampled/reward") not in _pass_points(run_dir)  # it reported nothing
     state = json.loads((step_dir(site, 4) / "state.json").read_text())
     assert state["evals_pending"] == ["sampled"]
 
-    for old in (site / "gate").iterdir():
-        old.unlink()
+    shutil.rmtree(site / "gate")
     proc = start(site, plugins, "--checkpoint-dir", "ckpt", "--resume", "latest")
     out, err = finish(proc)
     assert proc.returncode == 0, err
