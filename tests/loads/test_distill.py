@@ -1,5 +1,7 @@
 """examples/distill.sx: a student trained against a frozen with-loaded teacher, which
-examples/make_teacher.sh makes from a run's checkpoint, learns more than without it."""
+examples/make_teacher.sh makes from a run's checkpoint, learns more than without it;
+examples/onpolicy-distill.sx: a student that samples, scored token by token by that
+teacher (docs/generate.md), writes what the teacher finds likelier."""
 
 from __future__ import annotations
 
@@ -8,6 +10,8 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from tests.e2e.helpers import EXAMPLES
 
@@ -46,19 +50,27 @@ def probed_loss(work: Path, teach: str) -> float:
     return sum(losses.values()) / PROBE
 
 
-def test_the_student_learns_more_with_its_teacher(tmp_path: Path) -> None:
-    shutil.copytree(EXAMPLES, tmp_path / "examples", ignore=shutil.ignore_patterns("sexpgpu-runs"))
-    (tmp_path / "examples" / "teacher.safetensors").unlink(missing_ok=True)
+@pytest.fixture(scope="module")
+def taught(tmp_path_factory) -> Path:
+    """A user's folder with the examples and the teacher make_teacher.sh made."""
+    work = tmp_path_factory.mktemp("distill")
+    shutil.copytree(EXAMPLES, work / "examples", ignore=shutil.ignore_patterns("sexpgpu-runs"))
+    (work / "examples" / "teacher.safetensors").unlink(missing_ok=True)
     made = subprocess.run(
         ["sh", "examples/make_teacher.sh"],
-        cwd=tmp_path,
+        cwd=work,
         env=sexpgpu_env(SEXPGPU=str(Path(sys.executable).with_name("sexpgpu"))),
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert made.returncode == 0, made.stderr
-    assert (tmp_path / "examples" / "teacher.safetensors").stat().st_size > 0
+    assert (work / "examples" / "teacher.safetensors").stat().st_size > 0
+    return work
+
+
+def test_the_student_learns_more_with_its_teacher(taught: Path) -> None:
+    tmp_path = taught
     with_teacher = probed_loss(tmp_path, "1")
     without = probed_loss(tmp_path, "0")
     assert with_teacher < without - 0.03, (with_teacher, without)
@@ -66,3 +78,26 @@ def test_the_student_learns_more_with_its_teacher(tmp_path: Path) -> None:
     step = tmp_path / "ckpt-1" / f"step-{TRAIN:08d}"
     pinned = json.loads((step / "experiment.json").read_text())["params"]
     assert [p["load"]["tensor"] for p in pinned if "load" in p] == ["model.embed", "model.head"]
+
+
+def test_a_student_sampling_its_own_bytes_comes_to_write_what_the_teacher_would(
+    taught: Path,
+) -> None:
+    metrics = taught / "metrics-onpolicy"
+    result = run_sexpgpu(
+        "run",
+        "examples/onpolicy-distill.sx",
+        *("--checkpoint-dir", taught / "ckpt-onpolicy", "--metrics-dir", metrics),
+        cwd=taught,
+    )
+    assert result.returncode == 0, result.stderr
+    (events,) = metrics.rglob("events.jsonl")
+    points = [e for e in map(json.loads, events.read_text().splitlines()) if e["kind"] == "point"]
+    score = {e["step"]: e["value"] for e in points if e["name"] == "taught/teacher-logp"}
+    assert sorted(score) == [10, 20, 30, 40, 50, 60]
+    # the teacher's mean log-probability of the bytes the student writes rises
+    assert score[60] > score[10] + 2.0, score
+    kl = {e["step"]: e["value"] for e in points if e["name"] == "loss"}
+    assert sum(kl[s] for s in range(51, 61)) < sum(kl[s] for s in range(1, 11)) / 2, kl
+    made = {e["step"]: e["value"] for e in points if e["name"] == "generated"}
+    assert made[60] == 60 * 8 * 2 * 16  # every record writes its 16 bytes (no stop token)
