@@ -90,10 +90,10 @@ class Trainer(Protocol):
     Optimizer states belong to a stage: entering a stage whose optimizer
     differs starts its states afresh.
 
-    Three abilities are optional, with defaults here that a trainer inherits by
+    Four abilities are optional, with defaults here that a trainer inherits by
     subclassing this protocol: :meth:`use_group` (training as one rank of
-    several), :meth:`warm_up` (compiling before the first step) and
-    :attr:`reads_loss_late` (a loss that waits for the device).
+    several), :meth:`warm_up` (compiling before the first step),
+    :attr:`reads_loss_late` (a loss that waits for the device) and :meth:`generate`.
     """
 
     choices: Mapping[str, str]
