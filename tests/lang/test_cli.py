@@ -65,6 +65,21 @@ def test_compile_shows_the_graph():
     assert "<core>  " in r.stdout and "lr = 0.5  (default; default 0.5)" in r.stdout
 
 
+def test_compile_shows_a_generator_with_its_graphs():
+    r = in_process("compile", "examples/onpolicy-distill.sx", "--show", "graph")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    head = lines.index(
+        "  generate from model: 16 new tokens after a prompt of 8, 2 samples per prompt "
+        "(16 records), temperature 1.0 top-k 0 top-p 1.0 stop None; reward below"
+    )
+    assert lines[head + 1] == "    %0 = input :name sequence : i64[16, 32]"
+    assert "    -> logits %4" in lines and "    -> reward %" in r.stdout
+    assert r.stdout.count("generate from model") == 2  # the stage's, and the pass's
+    r = in_process("compile", "examples/rl-sort.sx", "--show", "graph")
+    assert "; reward the data source verifies" in r.stdout
+
+
 def test_a_source_error_is_one_bare_line(tmp_path):
     bad = tmp_path / "my-run.sx"
     text = (EXAMPLES / "my-run.sx").read_text().replace("(matmul (take", "(matmull (take")

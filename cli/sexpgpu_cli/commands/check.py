@@ -160,18 +160,39 @@ def _render(program: Any, part: str) -> list[str]:
             f" optimizer {o.name} {dict(o.options)} schedule {o.schedule.kind}"
             + (f" clip {o.clip}" if o.clip is not None else "")
         )
+        out += _generator_lines(stage.generator)
         out += _graph_lines(stage.loss, "  ")
         out.append(f"  -> loss %{stage.loss.outputs[0]}")
     for ev in program.evals:
         out.append(
             f"eval {ev.name}: every {ev.every} steps, {ev.batches} batches of {ev.data.name}"
         )
+        out += _generator_lines(ev.generator)
         out += _graph_lines(ev.graph, "  ")
         out.append(
             "  -> "
             + ", ".join(f"{m} %{i}" for m, i in zip(ev.metrics, ev.graph.outputs, strict=True))
         )
     return out
+
+
+def _generator_lines(gen: Any) -> list[str]:
+    """A generator's options, its logits graph and its reward graph (docs/generate.md)."""
+    if gen is None:
+        return []
+    records = gen.fields["reward"].shape[0]
+    lines = [
+        f"  generate from {gen.root}: {gen.new_tokens} new tokens after a prompt of "
+        f"{gen.prompt_length}, {gen.samples} samples per prompt ({records} records),"
+        f" temperature {gen.temperature} top-k {gen.top_k} top-p {gen.top_p} stop {gen.stop}"
+        f"; reward {'the data source verifies' if gen.reward is None else 'below'}"
+    ]
+    lines += _graph_lines(gen.logits, "    ")
+    lines.append(f"    -> logits %{gen.logits.outputs[0]}")
+    if gen.reward is not None:
+        lines += _graph_lines(gen.reward, "    ")
+        lines.append(f"    -> reward %{gen.reward.outputs[0]}")
+    return lines
 
 
 def _graph_lines(graph: Any, indent: str) -> list[str]:
