@@ -30,12 +30,22 @@ def _setup(path: Path, device: str = "cpu", pinned=None):
     return program, trainer, loader
 
 
+def _records(trainer, generator, batch, seed: int, draw: tuple) -> dict:
+    """The batch itself, or the records its stage's or pass's generator makes from it."""
+    if generator is None:
+        return batch
+    return trainer.generate(generator, batch, seed=seed, draw=draw, stopping=lambda: False)
+
+
 def _steps(program, trainer, loader, n: int) -> list[float]:
     stage = program.stages[0]
     losses = []
     for step in range(1, n + 1):
+        batch = _records(
+            trainer, stage.generator, loader.next_batch(), program.run.seed, ("step", step)
+        )
         proposal = trainer.propose(
-            loader.next_batch(), stage=0, step=step, lr=lr_at(stage.optimizer, step, stage.steps)
+            batch, stage=0, step=step, lr=lr_at(stage.optimizer, step, stage.steps)
         )
         assert trainer.find_non_finite(proposal) is None
         trainer.commit(proposal)
@@ -64,7 +74,9 @@ def test_example_trains_on_the_cpu(path: Path) -> None:
     names = info.state_names({**info.options, **program.stages[0].optimizer.options})
     assert set(states) == {f"{p.path}/{n}" for p in program.params if p.trainable for n in names}
     for ev in program.evals:
-        metrics = trainer.evaluate(ev.name, loader.next_batch())
+        batch = open_loader(ev.data, program.run.seed + 1).next_batch()
+        records = _records(trainer, ev.generator, batch, program.run.seed + 1, ("batch", 0))
+        metrics = trainer.evaluate(ev.name, records)
         assert list(metrics) == list(ev.metrics)
         assert all(math.isfinite(v) for v in metrics.values())
 

@@ -104,35 +104,12 @@ def read_sample(node: Any, data: g.DataDecl, decls: Declarations) -> SamplePlan:
     if not 0 < top_p <= 1:
         raise err(f":top-p must be above 0 and at most 1, got {top_p}", opts["top-p"].pos)
     info = decls.catalog.named("sexpgpu_data_sources", "data source", data.source)
-    inputs = data.fields.get("inputs")
-    if inputs is None or inputs.dtype != "i64" or len(inputs.shape) != 2:
-        raise err(
-            f"a generator's prompts are tokens: data '{data.name}' has no field inputs "
-            f"i64[batch, seq] (it has {listing(data.fields)})",
-            node.pos,
-        )
-    own = getattr(info, "prompt_length", None)
-    own = int(own(data.options, data.seq)) if own is not None else None
-    if "prompt" in opts:
-        prompt = integer("prompt", 0, 1)
-        if own is not None and prompt != own and "reward" not in opts:
-            raise err(
-                f"the data source '{data.source}' verifies answers after its own prompt of "
-                f"{own} tokens; with :prompt {prompt} give sample a :reward",
-                opts["prompt"].pos,
-            )
-    elif own is not None:
-        prompt = own
-    else:
-        raise err(
-            f"the data source '{data.source}' gives no prompts; say how many tokens of its "
-            "inputs make one with :prompt N",
-            node.pos,
-        )
+    given = integer("prompt", 0, 1) if "prompt" in opts else None
+    prompt = _prompt_length(node, opts, given, data, info)
     new_tokens = integer("new-tokens", 0, 1) if "new-tokens" in opts else None
     if new_tokens is None:
         raise err(f"sample needs :new-tokens (tokens to make per record): {USAGE}", node.pos)
-    seq = inputs.shape[1]
+    seq = data.fields["inputs"].shape[1]
     if prompt + new_tokens > seq:
         raise err(
             f"a prompt of {prompt} tokens and {new_tokens} new ones do not fit the "
@@ -163,6 +140,36 @@ def read_sample(node: Any, data: g.DataDecl, decls: Declarations) -> SamplePlan:
         node.pos,
         {key: value.pos for key, value in opts.items()},
     )
+
+
+def _prompt_length(
+    node: Any, opts: Mapping[str, Any], given: int | None, data: g.DataDecl, info: Any
+) -> int:
+    """The prompt's tokens: ``:prompt`` (``given``), else the data source's own."""
+    inputs = data.fields.get("inputs")
+    if inputs is None or inputs.dtype != "i64" or len(inputs.shape) != 2:
+        raise err(
+            f"a generator's prompts are tokens: data '{data.name}' has no field inputs "
+            f"i64[batch, seq] (it has {listing(data.fields)})",
+            node.pos,
+        )
+    own = getattr(info, "prompt_length", None)
+    own = int(own(data.options, data.seq)) if own is not None else None
+    if given is not None:
+        if own is not None and given != own and "reward" not in opts:
+            raise err(
+                f"the data source '{data.source}' verifies answers after its own prompt of "
+                f"{own} tokens; with :prompt {given} give sample a :reward",
+                opts["prompt"].pos,
+            )
+        return given
+    if own is None:
+        raise err(
+            f"the data source '{data.source}' gives no prompts; say how many tokens of its "
+            "inputs make one with :prompt N",
+            node.pos,
+        )
+    return own
 
 
 def record_fields(plan: SamplePlan, data: g.DataDecl) -> dict[str, g.TensorType]:
