@@ -51,8 +51,17 @@ BUILT_IN: tuple[EvalMetricInfo, ...] = (
         f"(top-k-accuracy logits targets :k {TOP_K})",
         doc=f"share of positions whose target is among the {TOP_K} highest logits",
     ),
+    EvalMetricInfo(
+        "reward", "(mean reward)", doc="a generating pass's mean reward over its records"
+    ),
+    EvalMetricInfo(
+        "generated-length",
+        "(mean (sum completion-mask :axis 1))",
+        doc="a generating pass's tokens made per record, its stop token included",
+    ),
 )
-"""``loss``, ``accuracy``, ``perplexity``, ``bits-per-char`` and ``top-k-accuracy``."""
+"""``loss``, ``accuracy``, ``perplexity``, ``bits-per-char``, ``top-k-accuracy``, and for a
+pass that generates (docs/generate.md) ``reward`` and ``generated-length``."""
 
 
 def _top_k_type(

@@ -63,9 +63,9 @@ def test_evaluate_gives_the_run_s_own_numbers_for_a_pass_that_generates(trained)
     ran = eval_points(trained, source=None)
     again = eval_points(trained, source="evaluate")
     assert sorted(again) == [
-        (IMITATE, "sampled/length"),
+        (IMITATE, "sampled/generated-length"),
         (IMITATE, "sampled/reward"),
-        (TOTAL, "sampled/length"),
+        (TOTAL, "sampled/generated-length"),
         (TOTAL, "sampled/reward"),
     ]
     for key, values in again.items():

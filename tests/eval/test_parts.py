@@ -16,11 +16,19 @@ from tests.e2e.helpers import run_sexpgpu, sexpgpu_env
 from tests.foundation.pluginkit import make_plugin
 
 
-def test_the_hooks_supply_the_runner_and_the_five_metrics():
+def test_the_hooks_supply_the_runner_and_the_seven_metrics():
     plugins = project()
     (runner,) = plugins.available("sexpgpu_evaluators")
     metrics = {m.name: m for m in plugins.available("sexpgpu_eval_metrics")}
-    assert sorted(metrics) == ["accuracy", "bits-per-char", "loss", "perplexity", "top-k-accuracy"]
+    assert sorted(metrics) == [
+        "accuracy",
+        "bits-per-char",
+        "generated-length",
+        "loss",
+        "perplexity",
+        "reward",
+        "top-k-accuracy",
+    ]
     assert metrics["perplexity"].finish(math.log(7.0)) == pytest.approx(7.0)
     assert metrics["bits-per-char"].finish(math.log(2.0)) == pytest.approx(1.0)
     assert isinstance(runner.factory(metrics), PassRunner)

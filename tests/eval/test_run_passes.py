@@ -41,7 +41,8 @@ def test_an_unknown_metric_is_one_positioned_line(workdir):
     assert result.returncode == 1
     assert one_line(result.stderr).startswith(
         "eval.sx:22:42: unknown metric los (did you mean 'loss'?): a metric is one of "
-        "accuracy, bits-per-char, loss, perplexity, top-k-accuracy, or (name expression)"
+        "accuracy, bits-per-char, generated-length, loss, perplexity, reward, top-k-accuracy, "
+        "or (name expression)"
     )
 
 

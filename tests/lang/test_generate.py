@@ -37,8 +37,8 @@ TEMPLATE = """\
             :loss {loss}))
   :evals ((eval sampled :every 2 :data held-out
            :generate (sample model :new-tokens 5 :temperature 0)
-           :metrics ((reward (mean reward))
-                     (length (mean (sum completion-mask :axis 1)))))))
+           :metrics (reward
+                     generated-length))))
 """
 
 DEFAULTS = {
@@ -145,7 +145,7 @@ def test_an_eval_pass_with_generate_gets_a_generator():
     assert dict(gen.fields) == fields and dict(sampled.fields) == fields
     assert gen.logits.output_types() == (TensorType((4, 16, 20), "f32"),)
     assert gen.reward is None and gen.verify is not None
-    assert sampled.metrics == ("reward", "length")
+    assert sampled.metrics == ("reward", "generated-length")
 
 
 def test_the_defrun_itself_can_generate():
@@ -428,3 +428,16 @@ def test_a_mistake_is_one_line_at_its_place(parts, expected):
 
 def test_the_generated_counter_is_accepted():
     assert compiled(counters="(generated)").run.counters == ("generated",)
+
+
+def test_the_generating_metrics_need_a_pass_that_generates():
+    # the pass without :generate reads the data's batch, which has no reward
+    plain = source().replace(
+        "           :generate (sample model :new-tokens 5 :temperature 0)\n", ""
+    )
+    with pytest.raises(SourceError) as raised:
+        compile_text(plain, FILE)
+    assert str(raised.value) == (
+        "gen.sx:19:22: the eval metric 'reward' of the plugin 'eval' does not fit the pass "
+        "'sampled': <metric reward>:1:7: unknown name 'reward'"
+    )

@@ -46,43 +46,43 @@ SOURCE = """
   :loss (neg (mean (* reward (sum (* (gather (log-softmax (model sequence)) next) next-mask) :axis 1))))
   :evals ((eval twin :every 1 :data prompts
            :generate (sample model :new-tokens 3 :samples 4 :temperature 1.0)
-           :metrics ((reward (mean reward))))
+           :metrics ((mean-reward (mean reward))))
           (eval scored :every 1 :data prompts
            :generate (sample model :new-tokens 4 :samples 4 :temperature 1.0 :stop 7)
            :metrics ((made (sum (* (gather (log-softmax (model sequence)) next) next-mask)))
                      (sampled (sum sampled-logp))))
           (eval greedy :every 1 :data prompts
            :generate (sample model :new-tokens 3 :samples 2 :temperature 0)
-           :metrics ((reward (mean reward))))
+           :metrics ((mean-reward (mean reward))))
           (eval greedy4 :every 1 :data prompts
            :generate (sample model :new-tokens 4 :samples 2 :temperature 0)
-           :metrics ((reward (mean reward))))
+           :metrics ((mean-reward (mean reward))))
           (eval stopped :every 1 :data prompts
            :generate (sample model :new-tokens 4 :samples 2 :temperature 0 :stop 7)
-           :metrics ((reward (mean reward))))
+           :metrics ((mean-reward (mean reward))))
           (eval hot :every 1 :data prompts
            :generate (sample model :new-tokens 3 :samples 2 :temperature 2.5 :top-k 1)
-           :metrics ((reward (mean reward))))
+           :metrics ((mean-reward (mean reward))))
           (eval cold :every 1 :data prompts
            :generate (sample model :new-tokens 3 :samples 2 :temperature 0.3 :top-k 1)
-           :metrics ((reward (mean reward))))
+           :metrics ((mean-reward (mean reward))))
           (eval top3 :every 1 :data prompts
            :generate (sample model :new-tokens 4 :samples 8 :temperature 1.5 :top-k 3)
-           :metrics ((reward (mean reward))))
+           :metrics ((mean-reward (mean reward))))
           (eval nucleus :every 1 :data prompts
            :generate (sample model :new-tokens 4 :samples 8 :temperature 0.8 :top-p 0.6)
-           :metrics ((reward (mean reward))))
+           :metrics ((mean-reward (mean reward))))
           (eval whole :every 1 :data prompts
            :generate (sample model :new-tokens 3 :samples 2 :temperature 1.0 :top-p 1.0 :stop 7)
-           :metrics ((reward (mean reward))))
+           :metrics ((mean-reward (mean reward))))
           (eval lengths :every 1 :data prompts
            :generate (sample model :new-tokens 4 :samples 4 :stop 7
                       :reward (sum completion-mask :axis 1))
-           :metrics ((reward (mean reward))))
+           :metrics ((mean-reward (mean reward))))
           (eval scaled :every 1 :data prompts
            :generate (sample model :new-tokens 3 :samples 2
                       :reward (+ (* 2 (sum sampled-logp :axis 1)) (cast (sum completion :axis 1) f32)))
-           :metrics ((reward (mean reward))))))
+           :metrics ((mean-reward (mean reward))))))
 """
 
 Records = dict[str, np.ndarray]
