@@ -232,7 +232,7 @@ PASS_PROGRAM = f"""
   :seed 5
   :evals ((eval sampled :every 2 :batches 2
            :generate (sample model :new-tokens {TRIPS} :samples 2 :temperature 1.0)
-           :metrics ((reward (mean reward)) (made (mean (sum completion-mask :axis 1)))))))
+           :metrics (reward generated-length))))
 """
 
 
