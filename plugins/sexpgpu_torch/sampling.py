@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from sexpgpu.lang.ir import Generator
+from sexpgpu_torch.dtypes import TORCH_DTYPES
 from sexpgpu_torch.rng import derive_seed
 from sexpgpu_torch.strategy import GraphFn
 
@@ -139,15 +140,12 @@ class Sampler:
         compiles them now)."""
         gen = self.gen
         zeros = {
-            k: torch.zeros(t.shape, dtype=_DTYPES[t.dtype], device=self.device)
+            k: torch.zeros(t.shape, dtype=TORCH_DTYPES[t.dtype], device=self.device)
             for k, t in gen.fields.items()
         }
         self.run_graph(self.logits, {"sequence": zeros["sequence"]})
         if self.reward is not None:
             self.run_graph(self.reward, zeros)
-
-
-_DTYPES = {"f32": torch.float32, "bf16": torch.float32, "i64": torch.int64, "bool": torch.bool}
 
 
 def _nucleus(logits: Tensor, top_p: float) -> Tensor:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.gating import make_gate_plugin
+from tests.e2e.gating import GATED_LM, make_gate_plugin
 from tests.e2e.helpers import assert_same_tensors, events
 from tests.foundation.pluginkit import sexpgpu_command, user_env
 
@@ -25,13 +25,7 @@ from .kit import DEVICE
 
 TRIPS = 4
 PROGRAM = f"""
-(defmodel lm (vocab seq dim)
-  (layer embed (embedding vocab dim))
-  (param pos [seq dim] :init (normal 0.02))
-  (layer block (transformer-block dim 2))
-  (layer head (linear dim vocab))
-  (forward (ids) (head (block (gate (+ (embed ids) pos))))))
-(defdata prompts (sort :vocab 8 :length 3) :seq 8 :batch 4)
+{GATED_LM}(defdata prompts (sort :vocab 8 :length 3) :seq 8 :batch 4)
 (defrun ranked
   :model (lm 8 8 16)
   :data prompts

@@ -60,6 +60,17 @@ def sexpgpu_ops():
 '''
 
 
+GATED_LM = """(defmodel lm (vocab seq dim)
+  (layer embed (embedding vocab dim))
+  (param pos [seq dim] :init (normal 0.02))
+  (layer block (transformer-block dim 2))
+  (layer head (linear dim vocab))
+  (forward (ids) (head (block (gate (+ (embed ids) pos))))))
+"""
+"""A one-block causal transformer whose forward passes through ``gate``; ``(lm 8 8 16)``
+fits ``(sort :vocab 8 :length 3) :seq 8``: a prompt of 4 tokens and 4 new ones."""
+
+
 def make_gate_plugin(root: Path) -> Path:
     """The gate plugin's folder (for PYTHONPATH) under ``root``."""
     return make_plugin(

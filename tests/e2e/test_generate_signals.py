@@ -25,18 +25,12 @@ import pytest
 
 from tests.foundation.pluginkit import sexpgpu_command, user_env
 
-from .gating import make_gate_plugin
+from .gating import GATED_LM, make_gate_plugin
 from .helpers import SIGNALS, assert_every_checkpoint_complete, assert_same_tensors, events
 
 IMITATE, REINFORCE, TRIPS = 2, 5, 4
 PROGRAM = f"""
-(defmodel lm (vocab seq dim)
-  (layer embed (embedding vocab dim))
-  (param pos [seq dim] :init (normal 0.02))
-  (layer block (transformer-block dim 2))
-  (layer head (linear dim vocab))
-  (forward (ids) (head (block (gate (+ (embed ids) pos))))))
-(defdata train (sort :vocab 8 :length 3) :seq 8 :batch 4)
+{GATED_LM}(defdata train (sort :vocab 8 :length 3) :seq 8 :batch 4)
 (defdata prompts (sort :vocab 8 :length 3 :split "rl") :seq 8 :batch 4)
 (defrun gated
   :model (lm 8 8 16)
@@ -216,13 +210,7 @@ def test_kill_9_while_generating_resumes_from_the_last_checkpoint_exactly(
 
 
 PASS_PROGRAM = f"""
-(defmodel lm (vocab seq dim)
-  (layer embed (embedding vocab dim))
-  (param pos [seq dim] :init (normal 0.02))
-  (layer block (transformer-block dim 2))
-  (layer head (linear dim vocab))
-  (forward (ids) (head (block (gate (+ (embed ids) pos))))))
-(defdata train (sort :vocab 8 :length 3) :seq 8 :batch 4)
+{GATED_LM}(defdata train (sort :vocab 8 :length 3) :seq 8 :batch 4)
 (defrun probed
   :model (lm 8 8 16)
   :data train

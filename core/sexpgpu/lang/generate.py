@@ -222,8 +222,11 @@ def build_generator(
     logits = exprs.call_layer(
         roots[root.name], [sequence], root.pos, Ctx(b, None, {}, fields, roots)
     )
-    shape = getattr(getattr(logits, "type", None), "shape", None)
-    if not isinstance(logits, T) or len(shape) != 3 or shape[:2] != seq_type.shape:
+    if (
+        not isinstance(logits, T)
+        or logits.type.shape[:2] != seq_type.shape
+        or len(logits.type.shape) != 3
+    ):
         got = logits.type if isinstance(logits, T) else describe(logits)
         raise err(
             f"sample: the root '{root.name}' on the sequence {seq_type} must give logits "
@@ -234,7 +237,7 @@ def build_generator(
         raise err(
             f"sample: the root '{root.name}' gives {logits.type}, not floating logits", root.pos
         )
-    vocab = shape[2]
+    vocab = logits.type.shape[2]
     places = plan.places
     if plan.stop is not None and plan.stop >= vocab:
         raise err(f":stop {plan.stop} is not a token of the vocabulary of {vocab}", places["stop"])
