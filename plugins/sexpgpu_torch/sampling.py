@@ -1,7 +1,9 @@
 """A generator's trips (docs/generate.md): one new token for every record per trip.
 
-Each trip runs the root over the whole sequence so far and reads its logits at the
-last written position; a causal model gives there what a key/value cache would. The
+A trip reads the root's logits at the last written position. When the root's graph
+allows a key/value cache (:mod:`sexpgpu_torch.decoding`), the first trip runs it over
+the prompt and each later one over the one token written last; otherwise each trip
+runs the root over the whole sequence so far. The
 draw of trip ``t`` takes a ``torch.Generator`` seeded from ``(seed, "generate",
 name, *draw, t)`` (Gumbel noise over the filtered logits), so the same step or pass
 samples the same tokens in any process. A record that has made its stop token makes
@@ -17,6 +19,7 @@ import numpy as np
 import torch
 
 from sexpgpu.lang.ir import Generator
+from sexpgpu_torch.decoding import MASK, POSITIONS, TOKENS, Decoders
 from sexpgpu_torch.dtypes import TORCH_DTYPES
 from sexpgpu_torch.rng import derive_seed
 from sexpgpu_torch.strategy import GraphFn
@@ -26,8 +29,10 @@ Tensor = torch.Tensor
 
 class Sampler:
     """Runs one :class:`~sexpgpu.lang.ir.Generator` on a trainer's parameters: ``logits``
-    and ``reward`` are its graphs as the strategy runs them; ``run_graph`` runs one
-    on given inputs with no gradients (the trainer's context, autocast and device)."""
+    and ``reward`` are its graphs as the strategy runs them, ``cached`` the logits
+    graph's decoding functions with a key/value cache (``None``: the graph allows
+    none); ``run_graph`` runs one on given inputs with no gradients (the trainer's
+    context, autocast and device)."""
 
     def __init__(
         self,
@@ -36,8 +41,9 @@ class Sampler:
         reward: GraphFn | None,
         run_graph: Callable[[GraphFn, Mapping[str, Tensor]], list[Tensor]],
         device: torch.device,
+        cached: Decoders | None = None,
     ) -> None:
-        self.gen, self.logits, self.reward = gen, logits, reward
+        self.gen, self.logits, self.reward, self.cached = gen, logits, reward, cached
         self.run_graph, self.device = run_graph, device
 
     def records(
@@ -61,13 +67,13 @@ class Sampler:
         logp = torch.zeros((records_n, n), dtype=torch.float32, device=dev)
         made = torch.zeros((records_n, n), dtype=torch.float32, device=dev)
         done = torch.zeros(records_n, dtype=torch.bool, device=dev)
+        caches = self.cached.new_caches(records_n, seq_len, dev) if self.cached else {}
         for trip in range(n):
             if gen.stop is not None and trip and bool(done.all()):
                 break  # every record has stopped: nothing is left to make, the rest is pad
             if stopping():
                 return None
-            (logits,) = self.run_graph(self.logits, {"sequence": sequence})
-            row = logits[:, p - 1 + trip, :].float()
+            row = self._logits_at(sequence, p - 1 + trip, trip == 0, caches)
             token, token_logp = self._draw(
                 row, derive_seed(seed, "generate", gen.name, *draw, trip)
             )
@@ -95,6 +101,28 @@ class Sampler:
         arrays = {k: v.cpu().numpy() if isinstance(v, Tensor) else v for k, v in out.items()}
         arrays["reward"] = self._reward(arrays)
         return arrays
+
+    def _logits_at(
+        self, sequence: Tensor, last: int, first: bool, caches: dict[str, Tensor]
+    ) -> Tensor:
+        """The logits ``[records, vocab]`` at position ``last`` of ``sequence``: through
+        the cache (the first trip runs every position up to ``last``, a later one
+        ``last`` alone), or from the whole forward."""
+        if self.cached is None:
+            (logits,) = self.run_graph(self.logits, {"sequence": sequence})
+            return logits[:, last, :].float()
+        start = 0 if first else last
+        positions = torch.arange(start, last + 1, device=self.device)
+        seen = torch.arange(sequence.shape[1], device=self.device)
+        inputs = {
+            TOKENS: sequence[:, start : last + 1],
+            POSITIONS: positions,
+            MASK: seen[None, :] > positions[:, None],
+            **caches,
+        }
+        run = self.cached.prefill if first else self.cached.step
+        (logits,) = self.run_graph(run, inputs)
+        return logits[:, -1, :].float()
 
     def _draw(self, row: Tensor, seed: int) -> tuple[Tensor, Tensor]:
         """One token per record from ``row``'s logits, and its log-probability at the
@@ -136,14 +164,17 @@ class Sampler:
         return reward.detach().float().cpu().numpy()
 
     def warm_up(self) -> None:
-        """Run the logits and the reward graph once on zeros (a compiling strategy
-        compiles them now)."""
+        """Run what the trips run (the logits graph, or its two decoding functions) and
+        the reward graph once on zeros (a compiling strategy compiles them now)."""
         gen = self.gen
         zeros = {
             k: torch.zeros(t.shape, dtype=TORCH_DTYPES[t.dtype], device=self.device)
             for k, t in gen.fields.items()
         }
-        self.run_graph(self.logits, {"sequence": zeros["sequence"]})
+        sequence, last = zeros["sequence"], gen.prompt_length - 1
+        caches = self.cached.new_caches(*sequence.shape, self.device) if self.cached else {}
+        for trip in range(min(gen.new_tokens, 2)):  # the cache's two functions, or the graph
+            self._logits_at(sequence, last + trip, trip == 0, caches)
         if self.reward is not None:
             self.run_graph(self.reward, zeros)
 

@@ -28,6 +28,7 @@ from sexpgpu.extension import KernelInfo, OpInfo, OptimizerInfo, OptimizerUpdate
 from sexpgpu.kernels import recorded
 from sexpgpu.lang.ir import Graph, ParamDecl, Program
 from sexpgpu_torch.contracts import check_optimizer, check_states
+from sexpgpu_torch.decoding import compile_decoders
 from sexpgpu_torch.dtypes import TORCH_DTYPES
 from sexpgpu_torch.graphs import compile_graph
 from sexpgpu_torch.initializers import init_tensor
@@ -164,6 +165,7 @@ class TorchTrainer(Trainer):
                 strategy.evaluation(graph(gen.reward)) if gen.reward else None,
                 self._run_quietly,
                 self.device,
+                compile_decoders(gen.logits, self.ctx, fns, self.device, ops, strategy.evaluation),
             )
             for gen in [
                 *(s.generator for s in program.stages),

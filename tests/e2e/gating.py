@@ -1,11 +1,12 @@
 """The ``gate`` op the generator tests place in a model's forward, so a signal lands in a
 chosen trip of a generator whatever the machine's speed.
 
-``gate`` is the identity. It counts its calls without gradients (one per trip of a
-generator, when nothing else runs the model without gradients) in
-``$GATE_DIR/rank-<RANK>/trip-<n>``, passes over the compiled lowering's warm-up (zero
-stand-ins), and on rank 0 at the ``$GATE_AT``-th call waits until the test creates
-``rank-0/release``.
+``gate`` is the identity, declared position-wise, so a generator runs through its
+key/value cache (a trip is one run of its prefill or step function). It counts its
+calls without gradients (one per trip of a generator, when nothing else runs the model
+without gradients) in ``$GATE_DIR/rank-<RANK>/trip-<n>``, passes over the compiled
+lowering's warm-up (zero stand-ins), and on rank 0 at the ``$GATE_AT``-th call waits
+until the test creates ``rank-0/release``.
 """
 
 from __future__ import annotations
@@ -51,7 +52,9 @@ def _torch():
     return build
 
 
-SPEC = OpSpec("gate", "x, held at one trip of a generator", same_float, (Arg("x"),))
+SPEC = OpSpec(
+    "gate", "x, held at one trip of a generator", same_float, (Arg("x"),), positionwise=True
+)
 
 
 @hookimpl

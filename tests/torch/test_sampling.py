@@ -168,13 +168,16 @@ def assert_same_records(a: Records, b: Records) -> None:
 
 
 def count_trips(monkeypatch: pytest.MonkeyPatch, trainer: Any, gen: Any) -> list[int]:
-    """A one-element counter of the runs of ``gen``'s logits graph from now on."""
+    """A one-element counter of the trips of ``gen`` from now on (the runs of its
+    logits graph, or of its key/value cache's functions)."""
     sampler = trainer.samplers[gen.name]
     calls = [0]
     run_graph = sampler.run_graph
+    cached = sampler.cached
+    trips = (sampler.logits,) + ((cached.prefill, cached.step) if cached else ())
 
     def counting(fn: Any, inputs: Any) -> Any:
-        if fn is sampler.logits:
+        if any(fn is trip for trip in trips):
             calls[0] += 1
         return run_graph(fn, inputs)
 

@@ -157,7 +157,10 @@ class OpSpec:
     computes the value of a call whose arguments are all known before training.
     ``node`` is false for a surface form that adds no node of its own
     (``flatten`` adds a ``reshape``). ``plugin`` names the plugin that supplied
-    the op (``None`` for a built-in one).
+    the op (``None`` for a built-in one). ``positionwise`` says the op works
+    position by position: its result at an index of the leading axes depends only
+    on its arguments at that index (a generator's key/value cache may then run it
+    on the new positions alone; docs/generate.md).
     """
 
     name: str
@@ -172,6 +175,7 @@ class OpSpec:
     fold: Callable[[list[Any], Pos], Any] | None = None
     node: bool = True
     plugin: str | None = None
+    positionwise: bool = False
 
     @property
     def surfaces(self) -> tuple[str, ...]:

@@ -1,0 +1,391 @@
+"""A generator's key/value cache: its logits graph run on the new positions alone.
+
+A trip of a generator needs the logits at one position, and a causal model's logits
+there depend on the positions before it only through its attentions' keys and
+values. So when the root's graph allows it (:func:`sequence_plan`), the sampler runs
+two functions compiled here from that graph instead of the whole forward: *prefill*
+over the prompt's positions, then *step* over the one position written last trip.
+Each causal ``attention`` writes its new keys and values into a cache of the whole
+sequence (``[records, seq, width]``, one per attention and repeat iteration, given
+as inputs and written in place) and attends over it, the positions after each query
+masked; a parameter that spans the sequence (``pos [seq dim]``) is read at the
+positions run; every other op runs as in the whole forward.
+
+The graph allows it when every op either keeps the sequence axis of its argument
+position by position (elementwise ops, matmul by a parameter, ``take``, the norms,
+softmax over another axis, a plugin op whose spec says ``positionwise``), or is a
+causal attention; anything that mixes positions otherwise (a reshape, a reduction
+over the sequence, a non-causal attention) leaves the sampler running the whole
+forward each trip. Cached and whole-forward logits agree to rounding, not to the
+bit: which one a generator uses follows from its program, so a run and its resume
+use the same one.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from sexpgpu.lang.ir import Graph, Node, TensorType
+from sexpgpu_torch.dtypes import TORCH_DTYPES
+from sexpgpu_torch.graphs import Ctx, _Compiler
+from sexpgpu_torch.ops import _BINARY, _COMPARE, _UNARY, _promoted
+
+Tensor = torch.Tensor
+GraphFn = Callable[[], list[Tensor]]
+
+TOKENS, POSITIONS, MASK = "tokens", "positions", "cache-mask"
+"""The decoding functions' inputs besides the caches: the new positions' tokens
+``[records, L]``, their indices ``[L]``, and which cached positions each may not see
+(``[L, seq]``, true after it)."""
+
+
+class NotCached(Exception):
+    """The graph mixes positions in a way a cache cannot follow; the message says where."""
+
+
+# ---------------------------------------------------------------- which axis is the sequence
+
+
+@dataclass
+class SequencePlan:
+    """Where the sequence axis of each value of a graph (and of its repeat bodies) is:
+    ``axes[(id(graph), node id)]`` (``None``: the value does not depend on the
+    positions), and which arguments of an op are parameters to read at the positions
+    run: ``reads_at[(id(graph), node id)][i]`` is the axis of argument ``i`` to index."""
+
+    axes: dict[tuple[int, int], int | None] = field(default_factory=dict)
+    reads_at: dict[tuple[int, int], tuple[int | None, ...]] = field(default_factory=dict)
+
+
+Rule = Callable[[Node, list["int | None"], list[TensorType]], "int | None"]
+
+
+def _first(node: Node, axes: list[int | None], types: list[TensorType]) -> int | None:
+    return axes[0]
+
+
+def _no_positions(*arg_positions: int) -> Callable[[Rule], Rule]:
+    """A rule whose arguments at ``arg_positions`` must not depend on the positions."""
+
+    def wrap(rule: Rule) -> Rule:
+        def checked(node: Node, axes: list[int | None], types: list[TensorType]) -> int | None:
+            if any(axes[i] is not None for i in arg_positions if i < len(axes)):
+                raise NotCached(f"{node.op} takes a value that depends on the positions")
+            return rule(node, axes, types)
+
+        return checked
+
+    return wrap
+
+
+def _not_over(node: Node, axis: int | None, over: Collection[int], rank: int) -> None:
+    if axis is not None and axis in {a % rank for a in over}:
+        raise NotCached(f"{node.op} works across the sequence axis")
+
+
+def _matmul(node: Node, axes: list[int | None], types: list[TensorType]) -> int | None:
+    (a, b), rank = axes, len(types[0].shape)
+    if b is not None or (a is not None and (rank < 2 or a == rank - 1)):
+        raise NotCached("matmul mixes the positions")
+    return None if a is None else a + len(node.type.shape) - rank
+
+
+def _norm(node: Node, axes: list[int | None], types: list[TensorType]) -> int | None:
+    _not_over(node, axes[0], [-1], len(types[0].shape))
+    return axes[0]
+
+
+def _softmax(node: Node, axes: list[int | None], types: list[TensorType]) -> int | None:
+    _not_over(node, axes[0], [int(node.attrs["axis"])], len(types[0].shape))
+    return axes[0]
+
+
+def _reduce(node: Node, axes: list[int | None], types: list[TensorType]) -> int | None:
+    a, rank = axes[0], len(types[0].shape)
+    over = [int(x) % rank for x in node.attrs.get("axes", ())]
+    _not_over(node, a, over, rank)
+    if a is None or node.attrs.get("keepdim", False):
+        return a
+    return a - sum(1 for x in over if x < a)
+
+
+def _slice(node: Node, axes: list[int | None], types: list[TensorType]) -> int | None:
+    _not_over(node, axes[0], [int(node.attrs["axis"])], len(types[0].shape))
+    return axes[0]
+
+
+def _attention(node: Node, axes: list[int | None], types: list[TensorType]) -> int | None:
+    if axes == [None, None, None]:
+        return None
+    if not node.attrs.get("causal", False) or axes != [1, 1, 1] or len(types[0].shape) != 3:
+        raise NotCached("attention that is not causal over [records, seq, width] mixes positions")
+    return 1
+
+
+_RULES: dict[str, Rule] = {
+    **{name: _first for name in (*_UNARY, "cast", "dropout", "stop_gradient")},
+    "matmul": _matmul,
+    "take": _no_positions(0)(lambda node, axes, types: axes[1]),
+    "layer_norm": _no_positions(1, 2)(_norm),
+    "rms_norm": _no_positions(1)(_norm),
+    "softmax": _softmax,
+    "log_softmax": _softmax,
+    **{name: _reduce for name in ("sum", "mean", "max")},
+    "slice": _slice,
+    "attention": _attention,
+}
+"""How each built-in op moves the sequence axis of its arguments (elementwise ops are
+:func:`_elementwise`); an op absent here (and not position-wise) cannot be cached."""
+
+_ELEMENTWISE = frozenset({*_BINARY, *_COMPARE, "where"})
+
+
+def sequence_plan(graph: Graph, plugin_ops: Sequence[Any] = ()) -> SequencePlan:
+    """Where the sequence axis of ``graph``'s input ``sequence`` goes; raises
+    :class:`NotCached` when the graph mixes positions otherwise than by causal
+    attention, or its output is not ``[records, seq, vocab]`` along it."""
+    plan = SequencePlan()
+    positionwise = {info.name for info in plugin_ops if getattr(info.spec, "positionwise", False)}
+    (out,) = graph.outputs
+    if _walk(graph, None, plan, positionwise) != 1 or len(graph.nodes[out].type.shape) != 3:
+        raise NotCached("the logits are not [records, seq, vocab] along the sequence")
+    return plan
+
+
+def _walk(
+    graph: Graph, carry: int | None, plan: SequencePlan, positionwise: set[str]
+) -> int | None:
+    """Fill ``plan`` for ``graph``; the axis of its (first) output."""
+    gid = id(graph)
+    for node in graph.nodes:
+        axes = [plan.axes[(gid, a)] for a in node.args]
+        types = [graph.nodes[a].type for a in node.args]
+        plan.axes[(gid, node.id)] = _axis_of(node, axes, types, carry, plan, positionwise, gid)
+    return plan.axes[(gid, graph.outputs[0])]
+
+
+def _axis_of(
+    node: Node,
+    axes: list[int | None],
+    types: list[TensorType],
+    carry: int | None,
+    plan: SequencePlan,
+    positionwise: set[str],
+    gid: int,
+) -> int | None:
+    op = node.op
+    if op == "input":
+        name = node.attrs["name"]
+        if name == "sequence":
+            return 1
+        if name == "carry":
+            return carry
+        raise NotCached(f"the graph reads the input '{name}'")
+    if op in ("param", "const"):
+        return None
+    if op == "repeat":
+        body: Graph = node.attrs["body"]
+        if _walk(body, axes[0], plan, positionwise) != axes[0]:
+            raise NotCached("a repeat moves the sequence axis")
+        return axes[0]
+    if op in _ELEMENTWISE or op in positionwise:
+        return _elementwise(node, axes, types, plan, gid)
+    rule = _RULES.get(op)
+    if rule is None:
+        raise NotCached(f"{op} may mix the positions")
+    return rule(node, axes, types)
+
+
+def _elementwise(
+    node: Node, axes: list[int | None], types: list[TensorType], plan: SequencePlan, gid: int
+) -> int | None:
+    """Broadcasting ops: every argument that depends on the positions has the sequence
+    at the same axis of the result; one that does not but spans that axis (a
+    parameter ``[seq dim]`` added to ``[records seq dim]``) is read at the positions."""
+    rank = len(node.type.shape)
+    placed = {a + rank - len(t.shape) for a, t in zip(axes, types, strict=True) if a is not None}
+    if not placed:
+        return None
+    if len(placed) > 1:
+        raise NotCached(f"{node.op} lines up different axes with the sequence")
+    (axis,) = placed
+    reads: list[int | None] = []
+    for a, t in zip(axes, types, strict=True):
+        own = axis - (rank - len(t.shape))
+        reads.append(own if a is None and own >= 0 and t.shape[own] != 1 else None)
+    if any(r is not None for r in reads):
+        plan.reads_at[(gid, node.id)] = tuple(reads)
+    return axis
+
+
+# ---------------------------------------------------------------- the decoding functions
+
+
+@dataclass(frozen=True)
+class Decoders:
+    """A graph's two decoding functions (over :data:`TOKENS`, :data:`POSITIONS`,
+    :data:`MASK` and the caches in the context's inputs; each returns the logits of
+    the positions run, ``[records, L, vocab]``) and the caches' widths and dtypes."""
+
+    prefill: GraphFn
+    step: GraphFn
+    caches: tuple[tuple[int, torch.dtype], ...]
+
+    def new_caches(self, records: int, seq: int, device: torch.device) -> dict[str, Tensor]:
+        """Empty caches for ``records`` sequences of ``seq`` positions."""
+        return {
+            f"cache.{i}.{kv}": torch.zeros((records, seq, width), dtype=dtype, device=device)
+            for i, (width, dtype) in enumerate(self.caches)
+            for kv in ("k", "v")
+        }
+
+
+def compile_decoders(
+    graph: Graph,
+    ctx: Ctx,
+    kernels: Mapping[str, Callable[..., Any]],
+    device: torch.device,
+    plugin_ops: Sequence[Any] = (),
+    run_as: Callable[[GraphFn], GraphFn] = lambda fn: fn,
+) -> Decoders | None:
+    """``graph``'s :class:`Decoders`, each function as ``run_as`` runs it (a
+    strategy's ``evaluation``), or ``None`` when the graph cannot be cached (the
+    sampler then runs the whole forward each trip)."""
+    try:
+        plan = sequence_plan(graph, plugin_ops)
+    except NotCached:
+        return None
+    made = []
+    for name in ("prefill", "step"):  # two functions, so a compiler keeps one shape each
+        comp = _Decoding(plan, ctx, kernels, device, plugin_ops)
+        comp.types = {n.id: n.type for n in graph.nodes}
+        (logits,) = comp.emit_graph(graph)
+        made.append((run_as(comp.function(name, [], f"[{comp.names[logits]}]")), comp.caches))
+    (prefill, caches), (step, _) = made
+    return Decoders(prefill, step, tuple(caches))
+
+
+class _Decoding(_Compiler):
+    """The graph compiler emitting the decoding function (see the module docstring):
+    the sequence input reads :data:`TOKENS`, repeats are emitted iteration by
+    iteration (each iteration's attention has its own cache), parameters spanning the
+    sequence are indexed at :data:`POSITIONS`, and attentions go through the cache."""
+
+    def __init__(
+        self,
+        plan: SequencePlan,
+        ctx: Ctx,
+        kernels: Mapping[str, Callable[..., Any]],
+        device: torch.device,
+        plugin_ops: Sequence[Any],
+    ) -> None:
+        super().__init__(ctx, kernels, device, frozenset(), plugin_ops)
+        self.plan = plan
+        self.caches: list[tuple[int, torch.dtype]] = []
+        self.graph_id = 0
+        self.read_at: dict[tuple[int, int], int] = {}
+
+    def emit_graph(self, graph: Graph, **kw: Any) -> list[int]:
+        outer, self.graph_id = self.graph_id, id(graph)
+        try:
+            return super().emit_graph(graph, **kw)
+        finally:
+            self.graph_id = outer
+
+    def emit_node(
+        self,
+        node: Node,
+        where: dict[int, int],
+        carry: int | None,
+        slot_paths: Sequence[str] | None,
+        slot_indices: dict[int, int] | None,
+        iteration: int | None,
+    ) -> int:
+        if node.op == "input" and node.attrs["name"] == "sequence":
+            return self._line(f"ctx.inputs[{TOKENS!r}]")
+        if node.op == "repeat":
+            return self._unrolled(node, where[node.args[0]])
+        if node.op == "attention" and self.plan.axes[(self.graph_id, node.id)] is not None:
+            args = [where[a] for a in node.args]
+            return self._call(self._cached_attention(node), args)
+        reads = self.plan.reads_at.get((self.graph_id, node.id))
+        if reads is None:
+            return super().emit_node(node, where, carry, slot_paths, slot_indices, iteration)
+        args = [
+            where[a] if axis is None else self._at_positions(where[a], axis)
+            for a, axis in zip(node.args, reads, strict=True)
+        ]
+        return self._call(self.op_function(node, iteration), args)
+
+    def _at_positions(self, value: int, axis: int) -> int:
+        """``value`` read at the positions run along ``axis`` (once per value)."""
+        key = (value, axis)
+        if key not in self.read_at:
+            self.read_at[key] = self._line(
+                f"{self.names[value]}.index_select({axis}, ctx.inputs[{POSITIONS!r}])"
+            )
+        return self.read_at[key]
+
+    def _unrolled(self, node: Node, carry_in: int) -> int:
+        body: Graph = node.attrs["body"]
+        saved, self.types = self.types, {n.id: n.type for n in body.nodes}
+        try:
+            current = carry_in
+            for i in range(int(node.attrs["count"])):
+                (current,) = self.emit_graph(
+                    body, carry=current, slot_paths=node.attrs["slots"][i], iteration=i
+                )
+            return current
+        finally:
+            self.types = saved
+
+    def _cached_attention(self, node: Node) -> Callable[..., Tensor]:
+        index = len(self.caches)
+        width = int(self.types[node.args[1]].shape[-1])
+        self.caches.append((width, TORCH_DTYPES[node.type.dtype]))
+        ctx, heads = self.ctx, int(node.attrs["heads"])
+        keys_name, values_name = f"cache.{index}.k", f"cache.{index}.v"
+
+        def attend(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+            given = ctx.inputs
+            return cached_attention(
+                q, k, v, given[keys_name], given[values_name], given[POSITIONS], given[MASK], heads
+            )
+
+        return _promoted(node, self, attend)
+
+
+def cached_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    keys: Tensor,
+    values: Tensor,
+    positions: Tensor,
+    masked: Tensor,
+    heads: int,
+) -> Tensor:
+    """Causal attention of the new positions' queries ``q`` ``[records, L, width]``:
+    their keys and values ``k``, ``v`` go into the caches ``[records, seq, width]`` at
+    ``positions``, and each query attends over the cache with ``masked`` (``[L, seq]``,
+    the positions after it) left out: ``softmax(Q K^T / sqrt(d_head)) V`` per head, as
+    the ``math`` kernel computes it."""
+    keys.index_copy_(1, positions, k.to(keys.dtype))
+    values.index_copy_(1, positions, v.to(values.dtype))
+    qh = _heads(q, heads)
+    kh, vh = _heads(keys.to(q.dtype), heads), _heads(values.to(q.dtype), heads)
+    scores = torch.matmul(qh, kh.transpose(-2, -1)) * (1.0 / math.sqrt(qh.shape[-1]))
+    weights = torch.softmax(scores.masked_fill(masked, float("-inf")), dim=-1)
+    out = torch.matmul(weights, vh)
+    b, h, t, hd = out.shape
+    return out.transpose(1, 2).reshape(b, t, h * hd)
+
+
+def _heads(x: Tensor, heads: int) -> Tensor:
+    b, t, d = x.shape
+    return x.reshape(b, t, heads, d // heads).transpose(1, 2)

@@ -1,0 +1,259 @@
+"""A generator's key/value cache (sexpgpu_torch.decoding, docs/generate.md).
+
+The cache's two functions are run here by hand over random sequences, position by
+position (the prompt at once, then one position at a time), and their logits are
+compared with the whole forward's at every position, for each way a stack and an
+attention can be run; a graph that mixes positions otherwise than by causal
+attention is left to the whole forward, and its records are still right.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import sexpgpu_data
+import sexpgpu_eval
+import sexpgpu_local
+import sexpgpu_torch
+from sexpgpu.catalog import Catalog
+from sexpgpu.extension import OpInfo
+from sexpgpu.hookspecs import hookimpl
+from sexpgpu.lang.ops import Arg, OpSpec, same_float
+from sexpgpu_torch.decoding import MASK, POSITIONS, TOKENS, NotCached, sequence_plan
+from tests.catalogs import compile_text, lower, open_loader
+
+P = 4  # (sort :length 3) prompts with three symbols and the separator
+
+
+def source(forward: str, *, layers: str = "(layer block (transformer-block dim 2))") -> str:
+    """A run of ``(sort :vocab 8 :length 3) :seq 8`` whose model has ``layers`` and
+    ``forward``, and an eval pass that samples 4 tokens from it."""
+    return f"""
+(deflayer open-attention (dim heads)
+  (layer q (linear dim dim)) (layer k (linear dim dim)) (layer v (linear dim dim))
+  (forward (x) (attention (q x) (k x) (v x) :heads heads :causal false)))
+
+(defmodel lm (vocab seq dim)
+  (layer embed (embedding vocab dim))
+  (param pos [seq dim] :init (normal 0.5))
+  {layers}
+  (layer head (linear dim vocab))
+  (forward (ids) {forward}))
+
+(defdata prompts (sort :vocab 8 :length 3 :split "rl") :seq 8 :batch 4)
+
+(defrun decode
+  :model (lm 8 8 16)
+  :optimizer (adam :lr 0.003)
+  :seed 3
+  :steps 1
+  :data prompts
+  :loss (cross-entropy (model inputs) targets)
+  :evals ((eval sampled :every 1 :data prompts
+           :generate (sample model :new-tokens 4 :samples 2 :temperature 1.0)
+           :metrics ((mean-reward (mean reward))))))
+"""
+
+
+STACKED = source(
+    "(-> (+ (embed ids) pos) blocks head)",
+    layers="(layer blocks (repeat 3 (transformer-block dim 2)))",
+)
+
+CACHED = {
+    "one block": source("(head (block (+ (embed ids) pos)))"),
+    "a stack": STACKED,
+    "elementwise around it": source(
+        "(head (tanh (* 0.5 (block (silu (+ (- (embed ids) 0.1) (* pos 2.0)))))))"
+    ),
+    "softmax over the width": source("(head (softmax (block (+ (embed ids) pos)) :axis 2))"),
+    "a sum over the width": source(
+        "(head (+ (block (+ (embed ids) pos)) (sum (embed ids) :axis 2 :keepdim true)))"
+    ),
+}
+
+WHOLE = {
+    "attention that is not causal": (
+        source(
+            "(head (attn (+ (embed ids) pos)))",
+            layers="(layer attn (open-attention dim 2))",
+        ),
+        "attention that is not causal",
+    ),
+    "a mean over the sequence": (
+        source("(head (block (+ (embed ids) (mean (embed ids) :axis 1 :keepdim true))))"),
+        "mean works across the sequence axis",
+    ),
+    "a softmax over the sequence": (
+        source("(head (block (softmax (+ (embed ids) pos) :axis 1)))"),
+        "softmax works across the sequence axis",
+    ),
+    "a transpose": (
+        source("(head (transpose (transpose (block (+ (embed ids) pos)) 1 2) 1 2))"),
+        "transpose may mix the positions",
+    ),
+}
+
+
+def sampler_of(trainer: Any) -> Any:
+    return trainer.samplers["eval sampled"]
+
+
+def whole_logits(trainer: Any, sequence: torch.Tensor) -> torch.Tensor:
+    (out,) = trainer._run_quietly(sampler_of(trainer).logits, {"sequence": sequence})
+    return out.float()
+
+
+def cached_logits(trainer: Any, sequence: torch.Tensor) -> torch.Tensor:
+    """The logits at every position, through the cache: the first ``P`` positions in
+    one prefill, then each later one by a step."""
+    cached = sampler_of(trainer).cached
+    records, seq = sequence.shape
+    caches = cached.new_caches(records, seq, torch.device("cpu"))
+    rows = []
+    for start, stop in [(0, P)] + [(i, i + 1) for i in range(P, seq)]:
+        positions = torch.arange(start, stop)
+        inputs = {
+            TOKENS: sequence[:, start:stop],
+            POSITIONS: positions,
+            MASK: torch.arange(seq)[None, :] > positions[:, None],
+            **caches,
+        }
+        run = cached.prefill if start == 0 else cached.step
+        (out,) = trainer._run_quietly(run, inputs)
+        rows.append(out.float())
+    return torch.cat(rows, dim=1)
+
+
+def random_sequences(seed: int) -> torch.Tensor:
+    return torch.randint(0, 8, (6, 8), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("name", sorted(CACHED))
+def test_the_cached_logits_are_the_whole_forwards_at_every_position(name: str) -> None:
+    trainer = lower(compile_text(CACHED[name], "decode.sx"))
+    trainer.init_params()
+    assert sampler_of(trainer).cached is not None
+    for seed in range(3):
+        sequence = random_sequences(seed)
+        torch.testing.assert_close(
+            cached_logits(trainer, sequence), whole_logits(trainer, sequence), atol=2e-5, rtol=0
+        )
+
+
+@pytest.mark.parametrize(
+    "choose",
+    [{"stack:model.blocks": kernel} for kernel in ("looped", "unrolled")],
+    ids=lambda c: "+".join(c.values()),
+)
+def test_every_way_of_running_a_stack_caches_alike(choose: dict[str, str]) -> None:
+    """The cache unrolls a stack whatever its kernel: each layer its own cache."""
+    trainer = lower(compile_text(STACKED, "decode.sx"), choose=choose)
+    trainer.init_params()
+    cached = sampler_of(trainer).cached
+    assert len(cached.caches) == 3  # one attention per layer
+    sequence = random_sequences(7)
+    torch.testing.assert_close(
+        cached_logits(trainer, sequence), whole_logits(trainer, sequence), atol=2e-5, rtol=0
+    )
+
+
+@pytest.mark.parametrize("name", sorted(WHOLE))
+def test_a_graph_that_mixes_positions_runs_the_whole_forward(name: str) -> None:
+    text, reason = WHOLE[name]
+    program = compile_text(text, "decode.sx")
+    gen = program.evals[0].generator
+    with pytest.raises(NotCached, match=reason):
+        sequence_plan(gen.logits)
+    trainer = lower(program)
+    trainer.init_params()
+    sampler = sampler_of(trainer)
+    assert sampler.cached is None
+    batch = open_loader(program.evals[0].data, 3).next_batch()
+    records = trainer.generate(gen, batch, seed=1, draw=("batch", 0), stopping=lambda: False)
+    # each trip drew from the whole forward over the sequence as it was then (pad after)
+    for trip in range(gen.new_tokens):
+        then = records["sequence"].copy()
+        then[:, P + trip :] = gen.pad
+        row = whole_logits(trainer, torch.from_numpy(then))[:, P - 1 + trip, :]
+        token = torch.from_numpy(records["completion"][:, trip])
+        want = torch.log_softmax(row, dim=-1).gather(1, token[:, None])[:, 0]
+        np.testing.assert_allclose(records["sampled-logp"][:, trip], want.numpy(), atol=1e-5)
+
+
+def test_the_records_match_the_whole_forwards_draws() -> None:
+    """Sampling through the cache draws the tokens the whole forward's logits give:
+    the same noise over logits equal to rounding (a head sharp enough that rounding
+    cannot move an argmax)."""
+    program = compile_text(STACKED, "decode.sx")
+    gen = program.evals[0].generator
+    trainer = lower(program)
+    trainer.init_params()
+    weight = trainer.params["model.head.weight"].detach().numpy() * 50
+    trainer.set_params({"model.head.weight": weight.astype(np.float32)})
+    sampler = sampler_of(trainer)
+    batch = open_loader(program.evals[0].data, 3).next_batch()
+
+    def records() -> dict[str, np.ndarray]:
+        return trainer.generate(gen, batch, seed=9, draw=("batch", 2), stopping=lambda: False)
+
+    through_cache = records()
+    cached, sampler.cached = sampler.cached, None
+    try:
+        whole = records()
+    finally:
+        sampler.cached = cached
+    np.testing.assert_array_equal(through_cache["completion"], whole["completion"])
+    np.testing.assert_allclose(through_cache["sampled-logp"], whole["sampled-logp"], atol=1e-4)
+    assert through_cache["completion"].std() > 0  # not one token everywhere
+
+
+# ---------------------------------------------------------------- a plugin's op
+
+
+class SquashPlugin:
+    """A plugin supplying ``squash`` (x / (1 + |x|)), position-wise or not by its spec."""
+
+    def __init__(self, positionwise: bool) -> None:
+        self.spec = OpSpec(
+            "squash", "x / (1 + |x|)", same_float, (Arg("x"),), positionwise=positionwise
+        )
+
+    @hookimpl
+    def sexpgpu_ops(self) -> list[OpInfo]:
+        def build_torch() -> Any:
+            return lambda attrs: lambda x: x / (1 + x.abs())
+
+        return [OpInfo("squash", self.spec, {"torch": build_torch}, self.spec.doc)]
+
+
+@pytest.mark.parametrize("positionwise", [True, False])
+def test_a_plugins_op_is_cached_when_its_spec_says_positionwise(positionwise: bool) -> None:
+    catalog = Catalog.of(
+        {
+            "torch": sexpgpu_torch,
+            "data": sexpgpu_data,
+            "eval": sexpgpu_eval,
+            "local": sexpgpu_local,
+            "squash": SquashPlugin(positionwise),
+        }
+    )
+    from sexpgpu import lang
+
+    text = source("(head (block (squash (+ (embed ids) pos))))")
+    program = lang.compile_text(text, "decode.sx", catalog=catalog)
+    trainer = lower(program, catalog=catalog)
+    trainer.init_params()
+    sampler = sampler_of(trainer)
+    if not positionwise:
+        assert sampler.cached is None
+        return
+    assert sampler.cached is not None
+    sequence = random_sequences(4)
+    torch.testing.assert_close(
+        cached_logits(trainer, sequence), whole_logits(trainer, sequence), atol=2e-5, rtol=0
+    )
