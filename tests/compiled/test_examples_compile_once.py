@@ -32,7 +32,7 @@ from tests.catalogs import project
 from tests.e2e.helpers import EXAMPLES
 
 # (file, knobs, steps of the first run, the step a second run resumes from, its last
-# step): each first run passes an eval pass where the example has one and ends with a
+# step; None: the file's own): each first run passes an eval pass where the example has one and ends with a
 # checkpoint; each resume, in a new folder, runs past an eval pass again
 CASES = [
     ("my-run.sx", {}, 2, 2, 4),
@@ -47,6 +47,10 @@ CASES = [
         2,
         4,
     ),
+    # generators: the key/value cache's prefill and step, and the eval pass's
+    # (rl-sort has no steps knob: both runs go to its end, 2 + 38 steps)
+    ("rl-sort.sx", {"dim": "16", "imitate": "2", "reinforce": "38", "group": "2"}, None, 20, None),
+    ("onpolicy-distill.sx", {"new": "4", "steps": "20"}, 10, 10, 20),
 ]
 
 
@@ -87,7 +91,7 @@ def test_no_graph_of_an_example_compiles_again(tmp_path, file, knobs, steps, res
     folder = _folder(tmp_path)
     get_logger()  # configure structlog first, so capture_logs stays in force
 
-    def train(step_count: int, checkpoints: str, resume_from: str | None):
+    def train(step_count: int | None, checkpoints: str, resume_from: str | None):
         options = RunOptions(
             Selection(str(folder / file), sets=knobs, steps=step_count),
             Target(lowering="compiled"),
@@ -104,7 +108,8 @@ def test_no_graph_of_an_example_compiles_again(tmp_path, file, knobs, steps, res
     step = f"step-{resume:08d}"
     shutil.copytree(tmp_path / "first" / step, tmp_path / "resumed" / step)
     logs += train(last, "resumed", "latest")
-    assert (tmp_path / "resumed" / f"step-{last:08d}").is_dir()
+    end = f"step-{last:08d}" if last else max(p.name for p in (tmp_path / "first").glob("step-*"))
+    assert (tmp_path / "resumed" / end).is_dir()
     assert [e for e in logs if e["event"] == RECOMPILED] == []
     # both runs compiled (a warm-up took its seconds), on the compiled lowering
     started = [e for e in logs if e["event"] in ("run started", "run resumed")]
