@@ -146,6 +146,7 @@ class Compiled:
     checkpoint's tensors are copied into pinned host buffers on a side stream."""
 
     reads_loss_late = True
+    fixed_shapes = True
     """A loss read waits for the device (on CUDA): the run reads it a step late."""
 
     def __init__(self, device: torch.device) -> None:

@@ -230,17 +230,22 @@ def _elementwise(
 class Decoders:
     """A graph's two decoding functions (over :data:`TOKENS`, :data:`POSITIONS`,
     :data:`MASK` and the caches in the context's inputs; each returns the logits of
-    the positions run, ``[records, L, vocab]``) and the caches' widths and dtypes."""
+    the positions run, ``[records, L, vocab]``) and each cache's heads, width per head
+    and dtype."""
 
     prefill: GraphFn
     step: GraphFn
-    caches: tuple[tuple[int, torch.dtype], ...]
+    caches: tuple[tuple[int, int, torch.dtype], ...]
+    fixed_shapes: bool = False
+    """Read each cache whole with the positions after the queries masked (the same
+    shapes at every trip), rather than up to the last position run."""
 
     def new_caches(self, records: int, seq: int, device: torch.device) -> dict[str, Tensor]:
-        """Empty caches for ``records`` sequences of ``seq`` positions."""
+        """Empty caches for ``records`` sequences of ``seq`` positions, one pair per
+        attention: ``[records, heads, seq, width per head]``."""
         return {
-            f"cache.{i}.{kv}": torch.zeros((records, seq, width), dtype=dtype, device=device)
-            for i, (width, dtype) in enumerate(self.caches)
+            f"cache.{i}.{kv}": torch.zeros((records, heads, seq, width), dtype=dtype, device=device)
+            for i, (heads, width, dtype) in enumerate(self.caches)
             for kv in ("k", "v")
         }
 
@@ -251,11 +256,12 @@ def compile_decoders(
     kernels: Mapping[str, Callable[..., Any]],
     device: torch.device,
     plugin_ops: Sequence[Any] = (),
-    run_as: Callable[[GraphFn], GraphFn] = lambda fn: fn,
+    strategy: Any = None,
 ) -> Decoders | None:
-    """``graph``'s :class:`Decoders`, each function as ``run_as`` runs it (a
-    strategy's ``evaluation``), or ``None`` when the graph cannot be cached (the
-    sampler then runs the whole forward each trip)."""
+    """``graph``'s :class:`Decoders`, each function as ``strategy`` runs an eval pass
+    (:class:`sexpgpu_torch.strategy.Strategy`; as it is without one), or ``None``
+    when the graph cannot be cached (the sampler then runs the whole forward each
+    trip)."""
     try:
         plan = sequence_plan(graph, plugin_ops)
     except NotCached:
@@ -265,9 +271,10 @@ def compile_decoders(
         comp = _Decoding(plan, ctx, kernels, device, plugin_ops)
         comp.types = {n.id: n.type for n in graph.nodes}
         (logits,) = comp.emit_graph(graph)
-        made.append((run_as(comp.function(name, [], f"[{comp.names[logits]}]")), comp.caches))
+        function = comp.function(name, [], f"[{comp.names[logits]}]")
+        made.append((strategy.evaluation(function) if strategy else function, comp.caches))
     (prefill, caches), (step, _) = made
-    return Decoders(prefill, step, tuple(caches))
+    return Decoders(prefill, step, tuple(caches), bool(strategy and strategy.fixed_shapes))
 
 
 class _Decoding(_Compiler):
@@ -286,7 +293,7 @@ class _Decoding(_Compiler):
     ) -> None:
         super().__init__(ctx, kernels, device, frozenset(), plugin_ops)
         self.plan = plan
-        self.caches: list[tuple[int, torch.dtype]] = []
+        self.caches: list[tuple[int, int, torch.dtype]] = []
         self.graph_id = 0
         self.read_at: dict[tuple[int, int], int] = {}
 
@@ -345,16 +352,23 @@ class _Decoding(_Compiler):
             self.types = saved
 
     def _cached_attention(self, node: Node) -> Callable[..., Tensor]:
-        index = len(self.caches)
-        width = int(self.types[node.args[1]].shape[-1])
-        self.caches.append((width, TORCH_DTYPES[node.type.dtype]))
-        ctx, heads = self.ctx, int(node.attrs["heads"])
+        index, heads = len(self.caches), int(node.attrs["heads"])
+        width = int(self.types[node.args[1]].shape[-1]) // heads
+        self.caches.append((heads, width, TORCH_DTYPES[node.type.dtype]))
+        ctx = self.ctx
         keys_name, values_name = f"cache.{index}.k", f"cache.{index}.v"
 
         def attend(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
             given = ctx.inputs
             return cached_attention(
-                q, k, v, given[keys_name], given[values_name], given[POSITIONS], given[MASK], heads
+                q,
+                k,
+                v,
+                given[keys_name],
+                given[values_name],
+                given[POSITIONS],
+                given.get(MASK),
+                heads,
             )
 
         return _promoted(node, self, attend)
@@ -367,20 +381,21 @@ def cached_attention(
     keys: Tensor,
     values: Tensor,
     positions: Tensor,
-    masked: Tensor,
+    masked: Tensor | None,
     heads: int,
 ) -> Tensor:
     """Causal attention of the new positions' queries ``q`` ``[records, L, width]``:
-    their keys and values ``k``, ``v`` go into the caches ``[records, seq, width]`` at
-    ``positions``, and each query attends over the cache with ``masked`` (``[L, seq]``,
-    the positions after it) left out: ``softmax(Q K^T / sqrt(d_head)) V`` per head, as
-    the ``math`` kernel computes it."""
-    keys.index_copy_(1, positions, k.to(keys.dtype))
-    values.index_copy_(1, positions, v.to(values.dtype))
-    qh = _heads(q, heads)
-    kh, vh = _heads(keys.to(q.dtype), heads), _heads(values.to(q.dtype), heads)
+    their keys and values ``k``, ``v`` go into the caches ``[records, heads, seq,
+    width / heads]`` at ``positions``, and each query attends over the cache with
+    ``masked`` (``[L, seq]``, the positions after it; ``None``: none) left out: ``softmax(Q K^T /
+    sqrt(d_head)) V`` per head, as the ``math`` kernel computes it."""
+    keys.index_copy_(2, positions, _heads(k, heads).to(keys.dtype))
+    values.index_copy_(2, positions, _heads(v, heads).to(values.dtype))
+    qh, kh, vh = _heads(q, heads), keys.to(q.dtype), values.to(q.dtype)
     scores = torch.matmul(qh, kh.transpose(-2, -1)) * (1.0 / math.sqrt(qh.shape[-1]))
-    weights = torch.softmax(scores.masked_fill(masked, float("-inf")), dim=-1)
+    if masked is not None:
+        scores = scores.masked_fill(masked, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
     out = torch.matmul(weights, vh)
     b, h, t, hd = out.shape
     return out.transpose(1, 2).reshape(b, t, h * hd)

@@ -63,13 +63,14 @@ class Sampler:
         prompt = torch.from_numpy(np.ascontiguousarray(repeated["inputs"][:, :p])).to(dev)
         sequence = torch.full((records_n, seq_len), pad, dtype=torch.int64, device=dev)
         sequence[:, :p] = prompt
-        tokens = torch.full((records_n, n), pad, dtype=torch.int64, device=dev)
-        logp = torch.zeros((records_n, n), dtype=torch.float32, device=dev)
-        made = torch.zeros((records_n, n), dtype=torch.float32, device=dev)
-        done = torch.zeros(records_n, dtype=torch.bool, device=dev)
+        stops = gen.stop is not None
+        done = torch.zeros(records_n, dtype=torch.bool, device=dev)  # made the stop token
+        made_rows: list[Tensor] = []
+        token_rows: list[Tensor] = []
+        logp_rows: list[Tensor] = []
         caches = self.cached.new_caches(records_n, seq_len, dev) if self.cached else {}
         for trip in range(n):
-            if gen.stop is not None and trip and bool(done.all()):
+            if stops and trip and bool(done.all()):
                 break  # every record has stopped: nothing is left to make, the rest is pad
             if stopping():
                 return None
@@ -77,13 +78,21 @@ class Sampler:
             token, token_logp = self._draw(
                 row, derive_seed(seed, "generate", gen.name, *draw, trip)
             )
-            token = torch.where(done, pad, token)
-            tokens[:, trip] = token
-            logp[:, trip] = torch.where(done, 0.0, token_logp)
-            made[:, trip] = (~done).float()
-            sequence[:, p + trip] = token
-            if gen.stop is not None:
+            if stops:
+                made_rows.append(~done)
+                token = torch.where(done, pad, token)
+                token_logp = torch.where(done, 0.0, token_logp)
                 done = done | (token == gen.stop)
+            token_rows.append(token)
+            logp_rows.append(token_logp)
+            sequence[:, p + trip] = token
+        trips = len(token_rows)
+        tokens = torch.full((records_n, n), pad, dtype=torch.int64, device=dev)
+        tokens[:, :trips] = torch.stack(token_rows, dim=1)
+        logp = torch.zeros((records_n, n), dtype=torch.float32, device=dev)
+        logp[:, :trips] = torch.stack(logp_rows, dim=1)
+        made = torch.zeros((records_n, n), dtype=torch.float32, device=dev)
+        made[:, :trips] = torch.stack(made_rows, dim=1).float() if stops else 1.0
         following = torch.full_like(sequence, pad)
         following[:, :-1] = sequence[:, 1:]
         following_mask = torch.zeros((records_n, seq_len), dtype=torch.float32, device=dev)
@@ -107,20 +116,22 @@ class Sampler:
     ) -> Tensor:
         """The logits ``[records, vocab]`` at position ``last`` of ``sequence``: through
         the cache (the first trip runs every position up to ``last``, a later one
-        ``last`` alone), or from the whole forward."""
-        if self.cached is None:
+        ``last`` alone), or from the whole forward. The caches are read up to
+        ``last`` (a view: the positions run are written through it), or whole with
+        the later positions masked where the strategy wants fixed shapes."""
+        cached = self.cached
+        if cached is None:
             (logits,) = self.run_graph(self.logits, {"sequence": sequence})
             return logits[:, last, :].float()
         start = 0 if first else last
         positions = torch.arange(start, last + 1, device=self.device)
-        seen = torch.arange(sequence.shape[1], device=self.device)
-        inputs = {
-            TOKENS: sequence[:, start : last + 1],
-            POSITIONS: positions,
-            MASK: seen[None, :] > positions[:, None],
-            **caches,
-        }
-        run = self.cached.prefill if first else self.cached.step
+        seen = sequence.shape[1] if cached.fixed_shapes else last + 1
+        if not cached.fixed_shapes:
+            caches = {name: cache[:, :, :seen] for name, cache in caches.items()}
+        inputs = {TOKENS: sequence[:, start : last + 1], POSITIONS: positions, **caches}
+        if first or cached.fixed_shapes:  # a step's one position sees every one up to it
+            inputs[MASK] = torch.arange(seen, device=self.device)[None, :] > positions[:, None]
+        run = cached.prefill if first else cached.step
         (logits,) = self.run_graph(run, inputs)
         return logits[:, -1, :].float()
 

@@ -36,6 +36,11 @@ class Strategy(Protocol):
     """The trainer's ``reads_loss_late``: whether reading a step's loss waits for the
     device, so the run reads it once the next step is queued."""
 
+    fixed_shapes: bool
+    """Whether each graph should see the same shapes at every call (a compiler's
+    does: a new shape compiles again); a generator's cache is then read whole, its
+    later positions masked, rather than up to the last position written."""
+
     def context(self, seed: int, device: torch.device) -> Ctx:
         """What the trainer's graphs will read besides their values."""
 
@@ -73,6 +78,7 @@ class Eager:
     it, op by op; nothing to compile, and a loss is on the host when read."""
 
     reads_loss_late = False
+    fixed_shapes = False
 
     def context(self, seed: int, device: torch.device) -> Ctx:
         """The plain context: dropout draws its masks as it runs."""

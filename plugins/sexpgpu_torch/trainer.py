@@ -165,7 +165,7 @@ class TorchTrainer(Trainer):
                 strategy.evaluation(graph(gen.reward)) if gen.reward else None,
                 self._run_quietly,
                 self.device,
-                compile_decoders(gen.logits, self.ctx, fns, self.device, ops, strategy.evaluation),
+                compile_decoders(gen.logits, self.ctx, fns, self.device, ops, strategy),
             )
             for gen in [
                 *(s.generator for s in program.stages),
