@@ -6,9 +6,11 @@ values. So when the root's graph allows it (:func:`sequence_plan`), the sampler 
 two functions compiled here from that graph instead of the whole forward: *prefill*
 over the prompt's positions, then *step* over the one position written last trip.
 Each causal ``attention`` writes its new keys and values into a cache of the whole
-sequence (``[records, seq, width]``, one per attention and repeat iteration, given
-as inputs and written in place) and attends over it, the positions after each query
-masked; a parameter that spans the sequence (``pos [seq dim]``) is read at the
+sequence (``[records, heads, seq, width / heads]``, one per attention and repeat
+iteration, given as inputs and written in place) and attends over the positions up
+to each query: the eager lowering hands in the caches up to the last position run,
+a compiling one (:attr:`~sexpgpu_torch.strategy.Strategy.fixed_shapes`) hands them
+in whole and the later positions are masked. A parameter that spans the sequence (``pos [seq dim]``) is read at the
 positions run; every other op runs as in the whole forward.
 
 The graph allows it when every op either keeps the sequence axis of its argument
@@ -38,10 +40,9 @@ from sexpgpu_torch.ops import _BINARY, _COMPARE, _UNARY, _promoted
 Tensor = torch.Tensor
 GraphFn = Callable[[], list[Tensor]]
 
-TOKENS, POSITIONS, MASK = "tokens", "positions", "cache-mask"
+TOKENS, POSITIONS = "tokens", "positions"
 """The decoding functions' inputs besides the caches: the new positions' tokens
-``[records, L]``, their indices ``[L]``, and which cached positions each may not see
-(``[L, seq]``, true after it)."""
+``[records, L]`` and their indices ``[L]``."""
 
 
 class NotCached(Exception):
@@ -228,8 +229,8 @@ def _elementwise(
 
 @dataclass(frozen=True)
 class Decoders:
-    """A graph's two decoding functions (over :data:`TOKENS`, :data:`POSITIONS`,
-    :data:`MASK` and the caches in the context's inputs; each returns the logits of
+    """A graph's two decoding functions (over :data:`TOKENS`, :data:`POSITIONS` and
+    the caches in the context's inputs; each returns the logits of
     the positions run, ``[records, L, vocab]``) and each cache's heads, width per head
     and dtype."""
 
@@ -267,14 +268,18 @@ def compile_decoders(
     except NotCached:
         return None
     made = []
+    fixed = bool(strategy and strategy.fixed_shapes)
     for name in ("prefill", "step"):  # two functions, so a compiler keeps one shape each
-        comp = _Decoding(plan, ctx, kernels, device, plugin_ops)
+        # the prefill writes from position 0 and masks within the prompt; a step masks
+        # only a cache read whole
+        prefill = name == "prefill"
+        comp = _Decoding(plan, ctx, kernels, device, plugin_ops, prefill, prefill or fixed)
         comp.types = {n.id: n.type for n in graph.nodes}
         (logits,) = comp.emit_graph(graph)
         function = comp.function(name, [], f"[{comp.names[logits]}]")
         made.append((strategy.evaluation(function) if strategy else function, comp.caches))
-    (prefill, caches), (step, _) = made
-    return Decoders(prefill, step, tuple(caches), bool(strategy and strategy.fixed_shapes))
+    (first, caches), (step, _) = made
+    return Decoders(first, step, tuple(caches), fixed)
 
 
 class _Decoding(_Compiler):
@@ -290,9 +295,12 @@ class _Decoding(_Compiler):
         kernels: Mapping[str, Callable[..., Any]],
         device: torch.device,
         plugin_ops: Sequence[Any],
+        from_start: bool,
+        masks: bool,
     ) -> None:
         super().__init__(ctx, kernels, device, frozenset(), plugin_ops)
         self.plan = plan
+        self.from_start, self.masks = from_start, masks
         self.caches: list[tuple[int, int, torch.dtype]] = []
         self.graph_id = 0
         self.read_at: dict[tuple[int, int], int] = {}
@@ -355,20 +363,14 @@ class _Decoding(_Compiler):
         index, heads = len(self.caches), int(node.attrs["heads"])
         width = int(self.types[node.args[1]].shape[-1]) // heads
         self.caches.append((heads, width, TORCH_DTYPES[node.type.dtype]))
-        ctx = self.ctx
+        ctx, from_start, masks = self.ctx, self.from_start, self.masks
         keys_name, values_name = f"cache.{index}.k", f"cache.{index}.v"
 
         def attend(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
             given = ctx.inputs
+            keys, values, positions = given[keys_name], given[values_name], given[POSITIONS]
             return cached_attention(
-                q,
-                k,
-                v,
-                given[keys_name],
-                given[values_name],
-                given[POSITIONS],
-                given.get(MASK),
-                heads,
+                q, k, v, keys, values, positions, heads, from_start=from_start, masks=masks
             )
 
         return _promoted(node, self, attend)
@@ -381,20 +383,29 @@ def cached_attention(
     keys: Tensor,
     values: Tensor,
     positions: Tensor,
-    masked: Tensor | None,
     heads: int,
+    *,
+    from_start: bool,
+    masks: bool,
 ) -> Tensor:
     """Causal attention of the new positions' queries ``q`` ``[records, L, width]``:
-    their keys and values ``k``, ``v`` go into the caches ``[records, heads, seq,
-    width / heads]`` at ``positions``, and each query attends over the cache with
-    ``masked`` (``[L, seq]``, the positions after it; ``None``: none) left out: ``softmax(Q K^T /
-    sqrt(d_head)) V`` per head, as the ``math`` kernel computes it."""
-    keys.index_copy_(2, positions, _heads(k, heads).to(keys.dtype))
-    values.index_copy_(2, positions, _heads(v, heads).to(values.dtype))
+    their keys and values ``k``, ``v`` go into the caches ``[records, heads, seen,
+    width / heads]`` at ``positions`` (the first ``L`` when ``from_start``), and each
+    query attends over the cache, the positions after it masked when ``masks`` (a
+    cache read up to the last position run needs no mask for a single query):
+    ``softmax(Q K^T / sqrt(d_head)) V`` per head, as the ``math`` kernel computes it."""
+    kh, vh = _heads(k, heads).to(keys.dtype), _heads(v, heads).to(values.dtype)
+    if from_start:  # positions are 0..L-1: a plain copy, several times cheaper
+        keys[:, :, : kh.shape[2]] = kh
+        values[:, :, : vh.shape[2]] = vh
+    else:
+        keys.index_copy_(2, positions, kh)
+        values.index_copy_(2, positions, vh)
     qh, kh, vh = _heads(q, heads), keys.to(q.dtype), values.to(q.dtype)
     scores = torch.matmul(qh, kh.transpose(-2, -1)) * (1.0 / math.sqrt(qh.shape[-1]))
-    if masked is not None:
-        scores = scores.masked_fill(masked, float("-inf"))
+    if masks:
+        seen = torch.arange(keys.shape[2], device=keys.device)
+        scores = scores.masked_fill(seen[None, :] > positions[:, None], float("-inf"))
     weights = torch.softmax(scores, dim=-1)
     out = torch.matmul(weights, vh)
     b, h, t, hd = out.shape

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from sexpgpu.lang.ir import Generator
-from sexpgpu_torch.decoding import MASK, POSITIONS, TOKENS, Decoders
+from sexpgpu_torch.decoding import POSITIONS, TOKENS, Decoders
 from sexpgpu_torch.dtypes import TORCH_DTYPES
 from sexpgpu_torch.rng import derive_seed
 from sexpgpu_torch.strategy import GraphFn
@@ -125,12 +125,9 @@ class Sampler:
             return logits[:, last, :].float()
         start = 0 if first else last
         positions = torch.arange(start, last + 1, device=self.device)
-        seen = sequence.shape[1] if cached.fixed_shapes else last + 1
         if not cached.fixed_shapes:
-            caches = {name: cache[:, :, :seen] for name, cache in caches.items()}
+            caches = {name: cache[:, :, : last + 1] for name, cache in caches.items()}
         inputs = {TOKENS: sequence[:, start : last + 1], POSITIONS: positions, **caches}
-        if first or cached.fixed_shapes:  # a step's one position sees every one up to it
-            inputs[MASK] = torch.arange(seen, device=self.device)[None, :] > positions[:, None]
         run = cached.prefill if first else cached.step
         (logits,) = self.run_graph(run, inputs)
         return logits[:, -1, :].float()

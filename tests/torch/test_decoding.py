@@ -23,7 +23,7 @@ from sexpgpu.catalog import Catalog
 from sexpgpu.extension import OpInfo
 from sexpgpu.hookspecs import hookimpl
 from sexpgpu.lang.ops import Arg, OpSpec, same_float
-from sexpgpu_torch.decoding import MASK, POSITIONS, TOKENS, NotCached, sequence_plan
+from sexpgpu_torch.decoding import NotCached, compile_decoders, sequence_plan
 from tests.catalogs import compile_text, lower, open_loader
 
 P = 4  # (sort :length 3) prompts with three symbols and the separator
@@ -109,24 +109,19 @@ def whole_logits(trainer: Any, sequence: torch.Tensor) -> torch.Tensor:
 
 
 def cached_logits(trainer: Any, sequence: torch.Tensor) -> torch.Tensor:
-    """The logits at every position, through the cache: the first ``P`` positions in
-    one prefill, then each later one by a step."""
-    cached = sampler_of(trainer).cached
+    """The logits at every position from the prompt's last on, through the cache as
+    the sampler runs it: the first ``P`` positions in one prefill, then each later
+    one by a step."""
+    sampler = sampler_of(trainer)
     records, seq = sequence.shape
-    caches = cached.new_caches(records, seq, torch.device("cpu"))
-    rows = []
-    for start, stop in [(0, P)] + [(i, i + 1) for i in range(P, seq)]:
-        positions = torch.arange(start, stop)
-        inputs = {
-            TOKENS: sequence[:, start:stop],
-            POSITIONS: positions,
-            MASK: torch.arange(seq)[None, :] > positions[:, None],
-            **caches,
-        }
-        run = cached.prefill if start == 0 else cached.step
-        (out,) = trainer._run_quietly(run, inputs)
-        rows.append(out.float())
-    return torch.cat(rows, dim=1)
+    caches = sampler.cached.new_caches(records, seq, torch.device("cpu"))
+    rows = [sampler._logits_at(sequence, last, last == P - 1, caches) for last in range(P - 1, seq)]
+    return torch.stack(rows, dim=1)
+
+
+def whole_from_prompt(trainer: Any, sequence: torch.Tensor) -> torch.Tensor:
+    """The whole forward's logits at the same positions as :func:`cached_logits`."""
+    return whole_logits(trainer, sequence)[:, P - 1 :, :]
 
 
 def random_sequences(seed: int) -> torch.Tensor:
@@ -141,7 +136,10 @@ def test_the_cached_logits_are_the_whole_forwards_at_every_position(name: str) -
     for seed in range(3):
         sequence = random_sequences(seed)
         torch.testing.assert_close(
-            cached_logits(trainer, sequence), whole_logits(trainer, sequence), atol=2e-5, rtol=0
+            cached_logits(trainer, sequence),
+            whole_from_prompt(trainer, sequence),
+            atol=2e-5,
+            rtol=0,
         )
 
 
@@ -158,8 +156,40 @@ def test_every_way_of_running_a_stack_caches_alike(choose: dict[str, str]) -> No
     assert len(cached.caches) == 3  # one attention per layer
     sequence = random_sequences(7)
     torch.testing.assert_close(
-        cached_logits(trainer, sequence), whole_logits(trainer, sequence), atol=2e-5, rtol=0
+        cached_logits(trainer, sequence), whole_from_prompt(trainer, sequence), atol=2e-5, rtol=0
     )
+
+
+class FixedShapes:
+    """The compiled strategy's way of reading a cache (whole, later positions masked),
+    its functions run as they are."""
+
+    fixed_shapes = True
+
+    @staticmethod
+    def evaluation(fn: Any) -> Any:
+        return fn
+
+
+def test_a_cache_read_whole_with_a_mask_gives_the_same_logits() -> None:
+    """What the compiled lowering runs: every trip the same shapes."""
+    program = compile_text(STACKED, "decode.sx")
+    trainer = lower(program)
+    trainer.init_params()
+    sampler = sampler_of(trainer)
+    logits = program.evals[0].generator.logits
+    sampler.cached = compile_decoders(
+        logits, trainer.ctx, {}, torch.device("cpu"), (), FixedShapes()
+    )
+    assert sampler.cached.fixed_shapes
+    for seed in range(2):
+        sequence = random_sequences(seed)
+        torch.testing.assert_close(
+            cached_logits(trainer, sequence),
+            whole_from_prompt(trainer, sequence),
+            atol=2e-5,
+            rtol=0,
+        )
 
 
 @pytest.mark.parametrize("name", sorted(WHOLE))
@@ -255,5 +285,5 @@ def test_a_plugins_op_is_cached_when_its_spec_says_positionwise(positionwise: bo
     assert sampler.cached is not None
     sequence = random_sequences(4)
     torch.testing.assert_close(
-        cached_logits(trainer, sequence), whole_logits(trainer, sequence), atol=2e-5, rtol=0
+        cached_logits(trainer, sequence), whole_from_prompt(trainer, sequence), atol=2e-5, rtol=0
     )
