@@ -95,13 +95,6 @@ PROGRAM = """\
 """
 
 
-def _model_of(step: Callable[..., Any]) -> Any:
-    """The ``torch.nn.Module`` inside bench_step's hand-written training step: the
-    architecture is written once, there; its step function closes over it."""
-    cells = dict(zip(step.__code__.co_freevars, step.__closure__ or (), strict=True))
-    return cells["model"].cell_contents
-
-
 class HandSampler:
     """Sampling from bench_step's hand-written module, as one writes it in PyTorch:
     ``full`` runs the module over the whole sequence each trip; ``kv`` fills a
@@ -339,7 +332,7 @@ def _measure(args: argparse.Namespace, length: int, scratch: Path) -> None:
     eager.init_params()
     params = eager.export()[0]
     hand = HandSampler(
-        _model_of(_hand_written(params, program, args.attention)),
+        _hand_written(params, program, args.attention).model,
         args.seq,
         new,
         [derive_seed(program.run.seed, "generate", gen.name, 1, t) for t in range(new)],

@@ -26,7 +26,8 @@ EXAMPLE = REPO / "examples" / "tiny-lm.sx"
 def _hand_written(params0: dict, program, attention: str, compile_model: bool = False):
     """tiny-lm as one would write it in PyTorch: modules, torch.optim.AdamW, clipping;
     with ``compile_model`` the module goes through ``torch.compile`` (bench_compiled.py).
-    The step function returned has ``.evaluate(batch)``: the loss with no grad."""
+    The step function returned has ``.evaluate(batch)``: the loss with no grad, and
+    ``.model``: the module (through ``torch.compile`` with ``compile_model``)."""
     import torch
     import torch.nn.functional as F
     from torch import nn
@@ -169,6 +170,7 @@ def _hand_written(params0: dict, program, attention: str, compile_model: bool = 
         return loss.item()
 
     step.evaluate = evaluate  # type: ignore[attr-defined]
+    step.model = model  # type: ignore[attr-defined]
     return step
 
 
