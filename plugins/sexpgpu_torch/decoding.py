@@ -40,9 +40,10 @@ from sexpgpu_torch.ops import _BINARY, _COMPARE, _UNARY, _promoted
 Tensor = torch.Tensor
 GraphFn = Callable[[], list[Tensor]]
 
-TOKENS, POSITIONS = "tokens", "positions"
+TOKENS, POSITIONS, NOISE = "tokens", "positions", "noise"
 """The decoding functions' inputs besides the caches: the new positions' tokens
-``[records, L]`` and their indices ``[L]``."""
+``[records, L]``, their indices ``[L]``, and the uniform noise ``[records, vocab]`` of
+the trip's draw (absent when it takes the likeliest token)."""
 
 
 class NotCached(Exception):
@@ -229,10 +230,10 @@ def _elementwise(
 
 @dataclass(frozen=True)
 class Decoders:
-    """A graph's two decoding functions (over :data:`TOKENS`, :data:`POSITIONS` and
-    the caches in the context's inputs; each returns the logits of
-    the positions run, ``[records, L, vocab]``) and each cache's heads, width per head
-    and dtype."""
+    """A graph's two decoding functions (over :data:`TOKENS`, :data:`POSITIONS`,
+    :data:`NOISE` and the caches in the context's inputs; each returns the logits at
+    the last position run, ``[records, vocab]``, and the token and log-probability
+    drawn from them) and each cache's heads, width per head and dtype."""
 
     prefill: GraphFn
     step: GraphFn
@@ -258,11 +259,13 @@ def compile_decoders(
     device: torch.device,
     plugin_ops: Sequence[Any] = (),
     strategy: Any = None,
+    choose: Callable[[Tensor, Tensor | None], tuple[Tensor, Tensor]] | None = None,
 ) -> Decoders | None:
     """``graph``'s :class:`Decoders`, each function as ``strategy`` runs an eval pass
-    (:class:`sexpgpu_torch.strategy.Strategy`; as it is without one), or ``None``
-    when the graph cannot be cached (the sampler then runs the whole forward each
-    trip)."""
+    (:class:`sexpgpu_torch.strategy.Strategy`; as it is without one), drawing each
+    trip's token with ``choose(row, noise)`` (the likeliest token without one), or
+    ``None`` when the graph cannot be cached (the sampler then runs the whole forward
+    each trip)."""
     try:
         plan = sequence_plan(graph, plugin_ops)
     except NotCached:
@@ -276,10 +279,28 @@ def compile_decoders(
         comp = _Decoding(plan, ctx, kernels, device, plugin_ops, prefill, prefill or fixed)
         comp.types = {n.id: n.type for n in graph.nodes}
         (logits,) = comp.emit_graph(graph)
-        function = comp.function(name, [], f"[{comp.names[logits]}]")
+        drawn = comp._call(_drawing(ctx, choose), [logits])
+        function = comp.function(name, [], f"[*{comp.names[drawn]}]")
         made.append((strategy.evaluation(function) if strategy else function, comp.caches))
     (first, caches), (step, _) = made
     return Decoders(first, step, tuple(caches), fixed)
+
+
+def _drawing(
+    ctx: Ctx, choose: Callable[[Tensor, Tensor | None], tuple[Tensor, Tensor]] | None
+) -> Callable[[Tensor], tuple[Tensor, Tensor, Tensor]]:
+    """The decoding function's last line: the logits at the last position run, and the
+    token and log-probability ``choose`` draws from them with the trip's noise (in the
+    same graph, so a compiling strategy compiles the draw too)."""
+
+    def drawn(logits: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        row = logits[:, -1, :].float()
+        if choose is None:
+            token = row.argmax(dim=-1)
+            return row, token, torch.log_softmax(row, dim=-1).gather(1, token[:, None])[:, 0]
+        return (row, *choose(row, ctx.inputs.get(NOISE)))
+
+    return drawn
 
 
 class _Decoding(_Compiler):

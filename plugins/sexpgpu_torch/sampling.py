@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from sexpgpu.lang.ir import Generator
-from sexpgpu_torch.decoding import POSITIONS, TOKENS, Decoders
+from sexpgpu_torch.decoding import NOISE, POSITIONS, TOKENS, Decoders
 from sexpgpu_torch.dtypes import TORCH_DTYPES
 from sexpgpu_torch.rng import derive_seed
 from sexpgpu_torch.strategy import GraphFn
@@ -74,10 +74,8 @@ class Sampler:
                 break  # every record has stopped: nothing is left to make, the rest is pad
             if stopping():
                 return None
-            row = self._logits_at(sequence, p - 1 + trip, trip == 0, caches)
-            token, token_logp = self._draw(
-                row, derive_seed(seed, "generate", gen.name, *draw, trip)
-            )
+            trip_seed = derive_seed(seed, "generate", gen.name, *draw, trip)
+            _, token, token_logp = self._trip(sequence, p - 1 + trip, trip == 0, caches, trip_seed)
             if stops:
                 made_rows.append(~done)
                 token = torch.where(done, pad, token)
@@ -111,48 +109,38 @@ class Sampler:
         arrays["reward"] = self._reward(arrays)
         return arrays
 
-    def _logits_at(
-        self, sequence: Tensor, last: int, first: bool, caches: dict[str, Tensor]
-    ) -> Tensor:
-        """The logits ``[records, vocab]`` at position ``last`` of ``sequence``: through
-        the cache (the first trip runs every position up to ``last``, a later one
-        ``last`` alone), or from the whole forward. The caches are read up to
-        ``last`` (a view: the positions run are written through it), or whole with
-        the later positions masked where the strategy wants fixed shapes."""
+    def _trip(
+        self, sequence: Tensor, last: int, first: bool, caches: dict[str, Tensor], seed: int
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """The logits ``[records, vocab]`` at position ``last`` of ``sequence``, and the
+        token and log-probability drawn from them with ``seed``'s noise (:func:`choose`):
+        through the cache, whose functions draw too (the first trip runs every position
+        up to ``last``, a later one ``last`` alone), or from the whole forward. The
+        caches are read up to ``last`` (a view: the positions run are written through
+        it), or whole with the later positions masked where the strategy wants fixed
+        shapes."""
         cached = self.cached
+        noise = self._noise((sequence.shape[0], self.gen.vocab), seed)
         if cached is None:
             (logits,) = self.run_graph(self.logits, {"sequence": sequence})
-            return logits[:, last, :].float()
+            row = logits[:, last, :].float()
+            return (row, *choose(row, noise, self.gen))
         start = 0 if first else last
         positions = torch.arange(start, last + 1, device=self.device)
         if not cached.fixed_shapes:
             caches = {name: cache[:, :, : last + 1] for name, cache in caches.items()}
         inputs = {TOKENS: sequence[:, start : last + 1], POSITIONS: positions, **caches}
-        run = cached.prefill if first else cached.step
-        (logits,) = self.run_graph(run, inputs)
-        return logits[:, -1, :].float()
+        if noise is not None:
+            inputs[NOISE] = noise
+        row, token, token_logp = self.run_graph(cached.prefill if first else cached.step, inputs)
+        return row, token, token_logp
 
-    def _draw(self, row: Tensor, seed: int) -> tuple[Tensor, Tensor]:
-        """One token per record from ``row``'s logits, and its log-probability at the
-        generator's temperature (1 when it takes the likeliest token), before top-k
-        and top-p narrow the choice."""
-        gen = self.gen
-        if gen.temperature == 0:
-            token = row.argmax(dim=-1)
-            return token, torch.log_softmax(row, dim=-1).gather(1, token[:, None])[:, 0]
-        scaled = row / gen.temperature
-        logp_all = torch.log_softmax(scaled, dim=-1)
-        kept = scaled
-        if gen.top_k:
-            kth = torch.topk(scaled, gen.top_k, dim=-1).values[:, -1:]
-            kept = kept.masked_fill(scaled < kth, float("-inf"))
-        if gen.top_p < 1.0:
-            kept = _nucleus(kept, gen.top_p)
+    def _noise(self, shape: tuple[int, ...], seed: int) -> Tensor | None:
+        """The uniform noise of one trip's draw (none when it takes the likeliest token)."""
+        if self.gen.temperature == 0:
+            return None
         generator = torch.Generator(device=self.device).manual_seed(seed)
-        uniform = torch.rand(row.shape, generator=generator, device=self.device)
-        gumbel = -torch.log(-torch.log(uniform.clamp_min(torch.finfo(torch.float32).tiny)))
-        token = (kept + gumbel).argmax(dim=-1)
-        return token, logp_all.gather(1, token[:, None])[:, 0]
+        return torch.rand(shape, generator=generator, device=self.device)
 
     def _reward(self, arrays: Mapping[str, np.ndarray]) -> np.ndarray:
         gen = self.gen
@@ -182,9 +170,32 @@ class Sampler:
         sequence, last = zeros["sequence"], gen.prompt_length - 1
         caches = self.cached.new_caches(*sequence.shape, self.device) if self.cached else {}
         for trip in range(min(gen.new_tokens, 2)):  # the cache's two functions, or the graph
-            self._logits_at(sequence, last + trip, trip == 0, caches)
+            self._trip(sequence, last + trip, trip == 0, caches, seed=trip)
         if self.reward is not None:
             self.run_graph(self.reward, zeros)
+
+
+def choose(row: Tensor, uniform: Tensor | None, gen: Generator) -> tuple[Tensor, Tensor]:
+    """One token per record from ``row``'s logits (``[records, vocab]``) and its
+    log-probability at the generator's temperature (1 when it takes the likeliest
+    token), before top-k and top-p narrow the choice: the largest filtered logit plus
+    the Gumbel noise made from ``uniform``. Torch ops alone, so that a compiled
+    decoding function draws inside its graph (:mod:`sexpgpu_torch.decoding`)."""
+    row = row.float()
+    if gen.temperature == 0 or uniform is None:
+        token = row.argmax(dim=-1)
+        return token, torch.log_softmax(row, dim=-1).gather(1, token[:, None])[:, 0]
+    scaled = row / gen.temperature
+    logp_all = torch.log_softmax(scaled, dim=-1)
+    kept = scaled
+    if gen.top_k:
+        kth = torch.topk(scaled, gen.top_k, dim=-1).values[:, -1:]
+        kept = kept.masked_fill(scaled < kth, float("-inf"))
+    if gen.top_p < 1.0:
+        kept = _nucleus(kept, gen.top_p)
+    gumbel = -torch.log(-torch.log(uniform.clamp_min(torch.finfo(torch.float32).tiny)))
+    token = (kept + gumbel).argmax(dim=-1)
+    return token, logp_all.gather(1, token[:, None])[:, 0]
 
 
 def _nucleus(logits: Tensor, top_p: float) -> Tensor:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -34,7 +35,7 @@ from sexpgpu_torch.graphs import compile_graph
 from sexpgpu_torch.initializers import init_tensor
 from sexpgpu_torch.optim import clip_by_global_norm
 from sexpgpu_torch.rng import derive_seed
-from sexpgpu_torch.sampling import Sampler
+from sexpgpu_torch.sampling import Sampler, choose
 from sexpgpu_torch.strategy import GraphFn, Strategy
 
 Tensor = torch.Tensor
@@ -165,7 +166,9 @@ class TorchTrainer(Trainer):
                 strategy.evaluation(graph(gen.reward)) if gen.reward else None,
                 self._run_quietly,
                 self.device,
-                compile_decoders(gen.logits, self.ctx, fns, self.device, ops, strategy),
+                compile_decoders(
+                    gen.logits, self.ctx, fns, self.device, ops, strategy, partial(choose, gen=gen)
+                ),
             )
             for gen in [
                 *(s.generator for s in program.stages),

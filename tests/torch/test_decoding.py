@@ -115,7 +115,10 @@ def cached_logits(trainer: Any, sequence: torch.Tensor) -> torch.Tensor:
     sampler = sampler_of(trainer)
     records, seq = sequence.shape
     caches = sampler.cached.new_caches(records, seq, torch.device("cpu"))
-    rows = [sampler._logits_at(sequence, last, last == P - 1, caches) for last in range(P - 1, seq)]
+    rows = [
+        sampler._trip(sequence, last, last == P - 1, caches, seed=last)[0]
+        for last in range(P - 1, seq)
+    ]
     return torch.stack(rows, dim=1)
 
 
