@@ -359,11 +359,15 @@ class _Decoding(_Compiler):
         return self._call(self.op_function(node, iteration), args)
 
     def _at_positions(self, value: int, axis: int) -> int:
-        """``value`` read at the positions run along ``axis`` (once per value)."""
+        """``value`` read at the positions run along ``axis`` (once per value): the
+        prefill's are the first ones, a view."""
         key = (value, axis)
         if key not in self.read_at:
+            name = self.names[value]
             self.read_at[key] = self._line(
-                f"{self.names[value]}.index_select({axis}, ctx.inputs[{POSITIONS!r}])"
+                f"{name}.narrow({axis}, 0, ctx.inputs[{TOKENS!r}].shape[1])"
+                if self.from_start
+                else f"{name}.index_select({axis}, ctx.inputs[{POSITIONS!r}])"
             )
         return self.read_at[key]
 
@@ -411,21 +415,23 @@ def cached_attention(
 ) -> Tensor:
     """Causal attention of the new positions' queries ``q`` ``[records, L, width]``:
     their keys and values ``k``, ``v`` go into the caches ``[records, heads, seen,
-    width / heads]`` at ``positions`` (the first ``L`` when ``from_start``), and each
-    query attends over the cache, the positions after it masked when ``masks`` (a
-    cache read up to the last position run needs no mask for a single query):
+    width / heads]`` at ``positions`` (the first ``L`` when ``from_start``: then the
+    queries attend over those alone), and each query attends over the cache, the
+    positions after it masked when ``masks`` (a cache read up to the last position
+    run needs no mask for a single query):
     ``softmax(Q K^T / sqrt(d_head)) V`` per head, as the ``math`` kernel computes it."""
     kh, vh = _heads(k, heads).to(keys.dtype), _heads(v, heads).to(values.dtype)
-    if from_start:  # positions are 0..L-1: a plain copy, several times cheaper
+    if from_start:  # positions 0..L-1: a plain copy, and they are all a query may see
         keys[:, :, : kh.shape[2]] = kh
         values[:, :, : vh.shape[2]] = vh
     else:
         keys.index_copy_(2, positions, kh)
         values.index_copy_(2, positions, vh)
-    qh, kh, vh = _heads(q, heads), keys.to(q.dtype), values.to(q.dtype)
+        kh, vh = keys, values
+    qh, kh, vh = _heads(q, heads), kh.to(q.dtype), vh.to(q.dtype)
     scores = torch.matmul(qh, kh.transpose(-2, -1)) * (1.0 / math.sqrt(qh.shape[-1]))
     if masks:
-        seen = torch.arange(keys.shape[2], device=keys.device)
+        seen = torch.arange(kh.shape[2], device=kh.device)
         scores = scores.masked_fill(seen[None, :] > positions[:, None], float("-inf"))
     weights = torch.softmax(scores, dim=-1)
     out = torch.matmul(weights, vh)
