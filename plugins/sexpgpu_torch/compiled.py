@@ -146,8 +146,9 @@ class Compiled:
     checkpoint's tensors are copied into pinned host buffers on a side stream."""
 
     reads_loss_late = True
-    fixed_shapes = True
     """A loss read waits for the device (on CUDA): the run reads it a step late."""
+    fixed_shapes = True
+    """A new shape compiles again: a generator's cache is read whole, masked."""
 
     def __init__(self, device: torch.device) -> None:
         self.snapshots = PinnedSnapshots(device) if device.type == "cuda" else None
