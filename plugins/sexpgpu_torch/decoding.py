@@ -34,7 +34,8 @@ import torch
 
 from sexpgpu.lang.ir import Graph, Node, TensorType
 from sexpgpu_torch.dtypes import TORCH_DTYPES
-from sexpgpu_torch.graphs import Ctx, _Compiler
+from sexpgpu_torch.graphs import Ctx, GraphCompiler
+from sexpgpu_torch.kernels import merge_heads, split_heads
 from sexpgpu_torch.ops import _BINARY, _COMPARE, _UNARY, _promoted
 
 Tensor = torch.Tensor
@@ -152,7 +153,7 @@ def sequence_plan(graph: Graph, plugin_ops: Sequence[Any] = ()) -> SequencePlan:
     :class:`NotCached` when the graph mixes positions otherwise than by causal
     attention, or its output is not ``[records, seq, vocab]`` along it."""
     plan = SequencePlan()
-    positionwise = {info.name for info in plugin_ops if getattr(info.spec, "positionwise", False)}
+    positionwise = {info.name for info in plugin_ops if info.spec.positionwise}
     (out,) = graph.outputs
     if _walk(graph, None, plan, positionwise) != 1 or len(graph.nodes[out].type.shape) != 3:
         raise NotCached("the logits are not [records, seq, vocab] along the sequence")
@@ -257,13 +258,13 @@ def compile_decoders(
     ctx: Ctx,
     kernels: Mapping[str, Callable[..., Any]],
     device: torch.device,
-    plugin_ops: Sequence[Any] = (),
+    plugin_ops: Sequence[Any],
+    choose: Callable[[Tensor, Tensor | None], tuple[Tensor, Tensor]],
     strategy: Any = None,
-    choose: Callable[[Tensor, Tensor | None], tuple[Tensor, Tensor]] | None = None,
 ) -> Decoders | None:
     """``graph``'s :class:`Decoders`, each function as ``strategy`` runs an eval pass
     (:class:`sexpgpu_torch.strategy.Strategy`; as it is without one), drawing each
-    trip's token with ``choose(row, noise)`` (the likeliest token without one), or
+    trip's token with ``choose(row, noise)`` (``noise`` ``None``: the likeliest), or
     ``None`` when the graph cannot be cached (the sampler then runs the whole forward
     each trip)."""
     try:
@@ -272,11 +273,12 @@ def compile_decoders(
         return None
     made = []
     fixed = bool(strategy and strategy.fixed_shapes)
+    stacks = frozenset(n.site for n in graph.nodes if n.op == "repeat")  # emitted unrolled
     for name in ("prefill", "step"):  # two functions, so a compiler keeps one shape each
         # the prefill writes from position 0 and masks within the prompt; a step masks
         # only a cache read whole
         prefill = name == "prefill"
-        comp = _Decoding(plan, ctx, kernels, device, plugin_ops, prefill, prefill or fixed)
+        comp = _Decoding(plan, ctx, kernels, device, stacks, plugin_ops, prefill, prefill or fixed)
         comp.types = {n.id: n.type for n in graph.nodes}
         (logits,) = comp.emit_graph(graph)
         drawn = comp._call(_drawing(ctx, choose), [logits])
@@ -287,7 +289,7 @@ def compile_decoders(
 
 
 def _drawing(
-    ctx: Ctx, choose: Callable[[Tensor, Tensor | None], tuple[Tensor, Tensor]] | None
+    ctx: Ctx, choose: Callable[[Tensor, Tensor | None], tuple[Tensor, Tensor]]
 ) -> Callable[[Tensor], tuple[Tensor, Tensor, Tensor]]:
     """The decoding function's last line: the logits at the last position run, and the
     token and log-probability ``choose`` draws from them with the trip's noise (in the
@@ -295,15 +297,12 @@ def _drawing(
 
     def drawn(logits: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         row = logits[:, -1, :].float()
-        if choose is None:
-            token = row.argmax(dim=-1)
-            return row, token, torch.log_softmax(row, dim=-1).gather(1, token[:, None])[:, 0]
         return (row, *choose(row, ctx.inputs.get(NOISE)))
 
     return drawn
 
 
-class _Decoding(_Compiler):
+class _Decoding(GraphCompiler):
     """The graph compiler emitting the decoding function (see the module docstring):
     the sequence input reads :data:`TOKENS`, repeats are emitted iteration by
     iteration (each iteration's attention has its own cache), parameters spanning the
@@ -315,11 +314,12 @@ class _Decoding(_Compiler):
         ctx: Ctx,
         kernels: Mapping[str, Callable[..., Any]],
         device: torch.device,
+        stacks: Collection[str],
         plugin_ops: Sequence[Any],
         from_start: bool,
         masks: bool,
     ) -> None:
-        super().__init__(ctx, kernels, device, frozenset(), plugin_ops)
+        super().__init__(ctx, kernels, device, stacks, plugin_ops)
         self.plan = plan
         self.from_start, self.masks = from_start, masks
         self.caches: list[tuple[int, int, torch.dtype]] = []
@@ -344,8 +344,6 @@ class _Decoding(_Compiler):
     ) -> int:
         if node.op == "input" and node.attrs["name"] == "sequence":
             return self._line(f"ctx.inputs[{TOKENS!r}]")
-        if node.op == "repeat":
-            return self._unrolled(node, where[node.args[0]])
         if node.op == "attention" and self.plan.axes[(self.graph_id, node.id)] is not None:
             args = [where[a] for a in node.args]
             return self._call(self._cached_attention(node), args)
@@ -370,19 +368,6 @@ class _Decoding(_Compiler):
                 else f"{name}.index_select({axis}, ctx.inputs[{POSITIONS!r}])"
             )
         return self.read_at[key]
-
-    def _unrolled(self, node: Node, carry_in: int) -> int:
-        body: Graph = node.attrs["body"]
-        saved, self.types = self.types, {n.id: n.type for n in body.nodes}
-        try:
-            current = carry_in
-            for i in range(int(node.attrs["count"])):
-                (current,) = self.emit_graph(
-                    body, carry=current, slot_paths=node.attrs["slots"][i], iteration=i
-                )
-            return current
-        finally:
-            self.types = saved
 
     def _cached_attention(self, node: Node) -> Callable[..., Tensor]:
         index, heads = len(self.caches), int(node.attrs["heads"])
@@ -420,7 +405,7 @@ def cached_attention(
     positions after it masked when ``masks`` (a cache read up to the last position
     run needs no mask for a single query):
     ``softmax(Q K^T / sqrt(d_head)) V`` per head, as the ``math`` kernel computes it."""
-    kh, vh = _heads(k, heads).to(keys.dtype), _heads(v, heads).to(values.dtype)
+    kh, vh = split_heads(k, heads).to(keys.dtype), split_heads(v, heads).to(values.dtype)
     if from_start:  # positions 0..L-1: a plain copy, and they are all a query may see
         keys[:, :, : kh.shape[2]] = kh
         values[:, :, : vh.shape[2]] = vh
@@ -428,17 +413,10 @@ def cached_attention(
         keys.index_copy_(2, positions, kh)
         values.index_copy_(2, positions, vh)
         kh, vh = keys, values
-    qh, kh, vh = _heads(q, heads), kh.to(q.dtype), vh.to(q.dtype)
+    qh, kh, vh = split_heads(q, heads), kh.to(q.dtype), vh.to(q.dtype)
     scores = torch.matmul(qh, kh.transpose(-2, -1)) * (1.0 / math.sqrt(qh.shape[-1]))
     if masks:
         seen = torch.arange(kh.shape[2], device=kh.device)
         scores = scores.masked_fill(seen[None, :] > positions[:, None], float("-inf"))
     weights = torch.softmax(scores, dim=-1)
-    out = torch.matmul(weights, vh)
-    b, h, t, hd = out.shape
-    return out.transpose(1, 2).reshape(b, t, h * hd)
-
-
-def _heads(x: Tensor, heads: int) -> Tensor:
-    b, t, d = x.shape
-    return x.reshape(b, t, heads, d // heads).transpose(1, 2)
+    return merge_heads(torch.matmul(weights, vh))

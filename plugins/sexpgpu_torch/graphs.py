@@ -70,7 +70,7 @@ class Slots(tuple):
         return obj
 
 
-class _Compiler:
+class GraphCompiler:
     """Compiles a graph into the lines of one Python function (see the module
     docstring): value ``i`` is the local ``v<i>``, each op's function the global
     ``f<i>``, each constant the global ``k<i>``."""
@@ -220,7 +220,6 @@ class _Compiler:
         body: Graph = attrs["body"]
         slots: Sequence[Sequence[str]] = attrs["slots"]
         count = int(attrs["count"])
-        kernel = self.kernels[node.site]
         saved_types = self.types
         self.types = {n.id: n.type for n in body.nodes}
         try:
@@ -234,6 +233,7 @@ class _Compiler:
             run_body = self.body_function(body)
         finally:
             self.types = saved_types
+        kernel = self.kernels[node.site]
         ctx = self.ctx
         paths = [tuple(s) for s in slots[:count]]
 
@@ -246,7 +246,7 @@ class _Compiler:
 
     def body_function(self, body: Graph) -> Callable[[Tensor, Sequence[Tensor]], Tensor]:
         """A repeat body as ``fn(carry, slot_tensors) -> Tensor`` for a stack kernel."""
-        sub = _Compiler(self.ctx, self.kernels, self.device, self.inline, self.plugin_ops)
+        sub = GraphCompiler(self.ctx, self.kernels, self.device, self.inline, self.plugin_ops)
         sub.types = self.types
         # Dropout in a body compiled as a function takes its iteration from the
         # Slots it is called with, kept among the body's own values.
@@ -273,7 +273,7 @@ def compile_graph(
     are the sites' callables, and the repeats at the ``inline`` sites are emitted
     iteration by iteration instead of calling theirs. A plugin's op takes its
     implementation from ``plugin_ops`` (``Supplies.ops``)."""
-    comp = _Compiler(ctx, kernels, device, inline, plugin_ops)
+    comp = GraphCompiler(ctx, kernels, device, inline, plugin_ops)
     comp.types = {n.id: n.type for n in graph.nodes}
     outputs = comp.emit_graph(graph)
     return comp.function("graph", [], f"[{', '.join(comp.names[i] for i in outputs)}]")

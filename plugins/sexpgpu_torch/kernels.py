@@ -24,34 +24,36 @@ from sexpgpu_torch.graphs import Slots
 Tensor = torch.Tensor
 
 
-def _split_heads(x: Tensor, heads: int) -> Tensor:
+def split_heads(x: Tensor, heads: int) -> Tensor:
+    """``[b, t, d]`` as ``[b, heads, t, d / heads]`` (a view)."""
     b, t, d = x.shape
     return x.reshape(b, t, heads, d // heads).transpose(1, 2)
 
 
-def _merge_heads(x: Tensor) -> Tensor:
+def merge_heads(x: Tensor) -> Tensor:
+    """``[b, heads, t, hd]`` back as ``[b, t, heads * hd]``."""
     b, h, t, hd = x.shape
     return x.transpose(1, 2).reshape(b, t, h * hd)
 
 
 def attention_math(q: Tensor, k: Tensor, v: Tensor, *, heads: int, causal: bool) -> Tensor:
     """Attention written out: ``softmax(Q K^T / sqrt(d_head)) V`` per head, causal by mask."""
-    qh, kh, vh = _split_heads(q, heads), _split_heads(k, heads), _split_heads(v, heads)
+    qh, kh, vh = split_heads(q, heads), split_heads(k, heads), split_heads(v, heads)
     scores = torch.matmul(qh, kh.transpose(-2, -1)) * (1.0 / math.sqrt(qh.shape[-1]))
     if causal:
         t_q, t_k = scores.shape[-2], scores.shape[-1]
         mask = torch.ones(t_q, t_k, dtype=torch.bool, device=scores.device).triu(1)
         scores = scores.masked_fill(mask, float("-inf"))
     weights = torch.softmax(scores, dim=-1)
-    return _merge_heads(torch.matmul(weights, vh))
+    return merge_heads(torch.matmul(weights, vh))
 
 
 def attention_sdpa(q: Tensor, k: Tensor, v: Tensor, *, heads: int, causal: bool) -> Tensor:
     """Attention through ``torch.nn.functional.scaled_dot_product_attention``."""
     out = F.scaled_dot_product_attention(
-        _split_heads(q, heads), _split_heads(k, heads), _split_heads(v, heads), is_causal=causal
+        split_heads(q, heads), split_heads(k, heads), split_heads(v, heads), is_causal=causal
     )
-    return _merge_heads(out)
+    return merge_heads(out)
 
 
 def conv2d_direct(

@@ -167,7 +167,7 @@ class TorchTrainer(Trainer):
                 self._run_quietly,
                 self.device,
                 compile_decoders(
-                    gen.logits, self.ctx, fns, self.device, ops, strategy, partial(choose, gen=gen)
+                    gen.logits, self.ctx, fns, self.device, ops, partial(choose, gen=gen), strategy
                 ),
             )
             for gen in [
