@@ -9,6 +9,7 @@ attention is left to the whole forward, and its records are still right.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -24,6 +25,7 @@ from sexpgpu.extension import OpInfo
 from sexpgpu.hookspecs import hookimpl
 from sexpgpu.lang.ops import Arg, OpSpec, same_float
 from sexpgpu_torch.decoding import NotCached, compile_decoders, sequence_plan
+from sexpgpu_torch.sampling import choose
 from tests.catalogs import compile_text, lower, open_loader
 
 P = 4  # (sort :length 3) prompts with three symbols and the separator
@@ -131,12 +133,10 @@ def random_sequences(seed: int) -> torch.Tensor:
     return torch.randint(0, 8, (6, 8), generator=torch.Generator().manual_seed(seed))
 
 
-@pytest.mark.parametrize("name", sorted(CACHED))
-def test_the_cached_logits_are_the_whole_forwards_at_every_position(name: str) -> None:
-    trainer = lower(compile_text(CACHED[name], "decode.sx"))
-    trainer.init_params()
-    assert sampler_of(trainer).cached is not None
-    for seed in range(3):
+def assert_cache_gives_the_whole_forward(trainer: Any, seeds: range) -> None:
+    """On random sequences from each of ``seeds``, the logits through the cache are the
+    whole forward's, position by position, to rounding."""
+    for seed in seeds:
         sequence = random_sequences(seed)
         torch.testing.assert_close(
             cached_logits(trainer, sequence),
@@ -144,6 +144,14 @@ def test_the_cached_logits_are_the_whole_forwards_at_every_position(name: str) -
             atol=2e-5,
             rtol=0,
         )
+
+
+@pytest.mark.parametrize("name", sorted(CACHED))
+def test_the_cached_logits_are_the_whole_forwards_at_every_position(name: str) -> None:
+    trainer = lower(compile_text(CACHED[name], "decode.sx"))
+    trainer.init_params()
+    assert sampler_of(trainer).cached is not None
+    assert_cache_gives_the_whole_forward(trainer, range(3))
 
 
 @pytest.mark.parametrize(
@@ -157,10 +165,7 @@ def test_every_way_of_running_a_stack_caches_alike(choose: dict[str, str]) -> No
     trainer.init_params()
     cached = sampler_of(trainer).cached
     assert len(cached.caches) == 3  # one attention per layer
-    sequence = random_sequences(7)
-    torch.testing.assert_close(
-        cached_logits(trainer, sequence), whole_from_prompt(trainer, sequence), atol=2e-5, rtol=0
-    )
+    assert_cache_gives_the_whole_forward(trainer, range(7, 8))
 
 
 class FixedShapes:
@@ -181,18 +186,12 @@ def test_a_cache_read_whole_with_a_mask_gives_the_same_logits() -> None:
     trainer.init_params()
     sampler = sampler_of(trainer)
     logits = program.evals[0].generator.logits
+    pick = partial(choose, gen=program.evals[0].generator)
     sampler.cached = compile_decoders(
-        logits, trainer.ctx, {}, torch.device("cpu"), (), FixedShapes()
+        logits, trainer.ctx, {}, torch.device("cpu"), (), pick, FixedShapes()
     )
     assert sampler.cached.fixed_shapes
-    for seed in range(2):
-        sequence = random_sequences(seed)
-        torch.testing.assert_close(
-            cached_logits(trainer, sequence),
-            whole_from_prompt(trainer, sequence),
-            atol=2e-5,
-            rtol=0,
-        )
+    assert_cache_gives_the_whole_forward(trainer, range(2))
 
 
 @pytest.mark.parametrize("name", sorted(WHOLE))
@@ -286,7 +285,4 @@ def test_a_plugins_op_is_cached_when_its_spec_says_positionwise(positionwise: bo
         assert sampler.cached is None
         return
     assert sampler.cached is not None
-    sequence = random_sequences(4)
-    torch.testing.assert_close(
-        cached_logits(trainer, sequence), whole_from_prompt(trainer, sequence), atol=2e-5, rtol=0
-    )
+    assert_cache_gives_the_whole_forward(trainer, range(4, 5))
