@@ -47,6 +47,7 @@ preloaders in turn.
 
 from __future__ import annotations
 
+import gc
 import io
 import json
 import os
@@ -395,6 +396,10 @@ def serve() -> None:
     address, *more = sys.argv[1:]
     for name in (*PRELOAD, *more):
         __import__(name)
+    # What the imports made lives as long as every child does: out of the collector's
+    # sight, a child's collections (its last one as it exits above all) neither walk
+    # them nor write to their pages, which would copy each page the fork shares.
+    gc.freeze()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(address)
     listener.listen(64)

@@ -48,9 +48,15 @@ CASES = [
         4,
     ),
     # generators: the key/value cache's prefill and step, and the eval pass's
-    # (rl-sort has no steps knob: both runs go to its end, 2 + 22 steps, past its pass
-    # and checkpoint at 20)
-    ("rl-sort.sx", {"dim": "16", "imitate": "2", "reinforce": "22", "group": "2"}, None, 20, None),
+    # (rl-sort has no steps knob: both runs go to its end, 2 + 4 steps, past its pass
+    # and checkpoint at 3 and 6)
+    (
+        "rl-sort.sx",
+        {"dim": "16", "imitate": "2", "reinforce": "4", "group": "2", "every": "3"},
+        None,
+        3,
+        None,
+    ),
     ("onpolicy-distill.sx", {"new": "4", "steps": "20"}, 10, 10, 20),
 ]
 
