@@ -33,10 +33,11 @@ from typing import Any
 import torch
 
 from sexpgpu.lang.ir import Graph, Node, TensorType
+from sexpgpu.lang.ops import builtin_ops
 from sexpgpu_torch.dtypes import TORCH_DTYPES
 from sexpgpu_torch.graphs import Ctx, GraphCompiler
 from sexpgpu_torch.kernels import merge_heads, split_heads
-from sexpgpu_torch.ops import _BINARY, _COMPARE, _UNARY, _promoted
+from sexpgpu_torch.ops import promoted
 
 Tensor = torch.Tensor
 GraphFn = Callable[[], list[Tensor]]
@@ -66,10 +67,6 @@ class SequencePlan:
 
 
 Rule = Callable[[Node, list["int | None"], list[TensorType]], "int | None"]
-
-
-def _first(node: Node, axes: list[int | None], types: list[TensorType]) -> int | None:
-    return axes[0]
 
 
 def _no_positions(*arg_positions: int) -> Callable[[Rule], Rule]:
@@ -131,7 +128,6 @@ def _attention(node: Node, axes: list[int | None], types: list[TensorType]) -> i
 
 
 _RULES: dict[str, Rule] = {
-    **{name: _first for name in (*_UNARY, "cast", "dropout", "stop_gradient")},
     "matmul": _matmul,
     "take": _no_positions(0)(lambda node, axes, types: axes[1]),
     "layer_norm": _no_positions(1, 2)(_norm),
@@ -142,10 +138,9 @@ _RULES: dict[str, Rule] = {
     "slice": _slice,
     "attention": _attention,
 }
-"""How each built-in op moves the sequence axis of its arguments (elementwise ops are
-:func:`_elementwise`); an op absent here (and not position-wise) cannot be cached."""
-
-_ELEMENTWISE = frozenset({*_BINARY, *_COMPARE, "where"})
+"""How each built-in op that is not position-wise moves the sequence axis of its
+arguments (an op whose spec says ``positionwise`` is :func:`_elementwise`); an op
+absent here cannot be cached."""
 
 
 def sequence_plan(graph: Graph, plugin_ops: Sequence[Any] = ()) -> SequencePlan:
@@ -153,7 +148,8 @@ def sequence_plan(graph: Graph, plugin_ops: Sequence[Any] = ()) -> SequencePlan:
     :class:`NotCached` when the graph mixes positions otherwise than by causal
     attention, or its output is not ``[records, seq, vocab]`` along it."""
     plan = SequencePlan()
-    positionwise = {info.name for info in plugin_ops if info.spec.positionwise}
+    specs = [*builtin_ops(), *(info.spec for info in plugin_ops)]
+    positionwise = {spec.name for spec in specs if spec.positionwise}
     (out,) = graph.outputs
     if _walk(graph, None, plan, positionwise) != 1 or len(graph.nodes[out].type.shape) != 3:
         raise NotCached("the logits are not [records, seq, vocab] along the sequence")
@@ -196,7 +192,7 @@ def _axis_of(
         if _walk(body, axes[0], plan, positionwise) != axes[0]:
             raise NotCached("a repeat moves the sequence axis")
         return axes[0]
-    if op in _ELEMENTWISE or op in positionwise:
+    if op in positionwise:
         return _elementwise(node, axes, types, plan, gid)
     rule = _RULES.get(op)
     if rule is None:
@@ -383,7 +379,7 @@ class _Decoding(GraphCompiler):
                 q, k, v, keys, values, positions, heads, from_start=from_start, masks=masks
             )
 
-        return _promoted(node, self, attend)
+        return promoted(node, self, attend)
 
 
 def cached_attention(

@@ -148,10 +148,11 @@ attention, conv2d) or keep ``bf16`` against an ``f32`` scalar (the binary ops)."
 def _promoting(builder: Builder) -> Builder:
     """``builder`` whose function casts each floating argument of another dtype than
     the node's to the node's."""
-    return lambda node, low, iteration: _promoted(node, low, builder(node, low, iteration))
+    return lambda node, low, iteration: promoted(node, low, builder(node, low, iteration))
 
 
-def _promoted(node: Node, low: Lowerer, fn: Fn) -> Fn:
+def promoted(node: Node, low: Lowerer, fn: Fn) -> Fn:
+    """``fn`` casting each floating argument of another dtype than ``node``'s to it."""
     target = node.type.dtype
     if target not in _FLOATS:
         return fn

@@ -202,6 +202,7 @@ OPS: tuple[OpSpec, ...] = (
             (Arg("a"), Arg("b")),
             surface=_BINARY_SURFACES.get(name, ()),
             compile=compile_binary,
+            positionwise=True,
         )
         for name in BINARY
     ),
@@ -212,9 +213,16 @@ OPS: tuple[OpSpec, ...] = (
             _unary_infer,
             (Arg("x"),),
             fold=_fold(name) if name in ("neg", "abs") else None,
+            positionwise=True,
         )
         for name in UNARY
     ),
-    OpSpec("cast", "x in another dtype (f32 bf16 i64 bool)", _cast_infer, compile=_compile_cast),
+    OpSpec(
+        "cast",
+        "x in another dtype (f32 bf16 i64 bool)",
+        _cast_infer,
+        compile=_compile_cast,
+        positionwise=True,
+    ),
 )
 """The elementwise ops."""

@@ -173,6 +173,7 @@ OPS: tuple[OpSpec, ...] = (
         "zeroes each value with probability p in training",
         _dropout,
         compile=_compile_dropout,
+        positionwise=True,
     ),
 )
 """The neural-network ops."""

@@ -131,6 +131,7 @@ OPS: tuple[OpSpec, ...] = (
             (Arg("a"), Arg("b", like="@0")),
             surface=(symbol, name),
             fold=_fold_compare(name),
+            positionwise=True,
         )
         for name, (symbol, said, _) in COMPARISONS.items()
     ),
@@ -139,6 +140,7 @@ OPS: tuple[OpSpec, ...] = (
         "a where the bool cond holds, else b (broadcasting)",
         _where,
         (Arg("cond"), Arg("a"), Arg("b", like="@1")),
+        positionwise=True,
     ),
     OpSpec(
         "argmax",
@@ -159,6 +161,7 @@ OPS: tuple[OpSpec, ...] = (
         "x, through which no gradient flows",
         _stop_gradient,
         (Arg("x"),),
+        positionwise=True,
     ),
     OpSpec(
         "group_mean",

@@ -160,7 +160,7 @@ class OpSpec:
     the op (``None`` for a built-in one). ``positionwise`` says the op works
     position by position: its result at an index of the leading axes depends only
     on its arguments at that index (a generator's key/value cache may then run it
-    on the new positions alone; docs/generate.md).
+    on the new positions alone; docs/generate.md): the elementwise built-ins say so.
     """
 
     name: str
