@@ -5,9 +5,8 @@ finds its place in the launcher's environment (``RANK``, ``WORLD_SIZE``,
 ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``GROUP_WORLD_SIZE``, ``MASTER_ADDR``,
 ``MASTER_PORT``) and joins the process group from it. The group answers the
 run loop's questions (:class:`sexpgpu.extension.RankGroup`) with one small
-all-reduce each, and averages a step's gradients for the trainer
-(:meth:`TorchGroup.average`): one all-reduce per dtype over the gradients
-flattened into one buffer, with the loss riding along.
+all-reduce each; a step's gradients are averaged by DDP
+(:mod:`sexpgpu_torch.replicated`).
 
 Every collective has a timeout (``SEXPGPU_DP_TIMEOUT`` seconds, 300 by
 default), so a rank whose peer stopped answering fails instead of waiting for
@@ -19,7 +18,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -75,7 +74,7 @@ class TorchGroup:
         seconds = float(os.environ.get("SEXPGPU_DP_TIMEOUT", DEFAULT_TIMEOUT_S))
         self.log = get_logger("sexpgpu.ranks")
         timeout = timedelta(seconds=seconds)
-        self._call(
+        self.call(
             "joining",
             lambda: dist.init_process_group(
                 backend=backend,
@@ -109,7 +108,9 @@ class TorchGroup:
         """Rank 0 writes checkpoints, metrics and the status file."""
         return self.rank == 0
 
-    def _call(self, what: str, fn: Callable[[], _T]) -> _T:
+    def call(self, what: str, fn: Callable[[], _T]) -> _T:
+        """``fn()``, a collective or a step's work that waits on one: a peer lost on
+        the way is ``E-DP-003``, one line saying what this rank was doing."""
         try:
             return fn()
         except Exception as error:  # gloo and NCCL raise RuntimeError and their own kinds
@@ -124,7 +125,7 @@ class TorchGroup:
             ) from None
 
     def _reduce(self, what: str, tensor: torch.Tensor, op: Any = dist.ReduceOp.SUM) -> None:
-        self._call(what, lambda: dist.all_reduce(tensor, op=op))
+        self.call(what, lambda: dist.all_reduce(tensor, op=op))
 
     def max(self, value: int) -> int:
         """The largest of every rank's ``value``."""
@@ -143,38 +144,6 @@ class TorchGroup:
     def barrier(self) -> None:
         """Wait for every rank (an all-reduce: one path for gloo and NCCL)."""
         self.max(0)
-
-    def average(self, grads: list[torch.Tensor], loss: torch.Tensor) -> torch.Tensor:
-        """Replace each gradient by its mean over the ranks, in place, and return the
-        mean loss. One all-reduce per dtype over a flat buffer: sums land in the same
-        order on every rank, so every rank gets the same bits."""
-        by_dtype: dict[torch.dtype, list[int]] = {}
-        for index, grad in enumerate(grads):
-            by_dtype.setdefault(grad.dtype, []).append(index)
-        loss_dtype = loss.dtype
-        by_dtype.setdefault(loss_dtype, [])
-        mean_loss = loss
-        for dtype, indices in by_dtype.items():
-            parts: Sequence[torch.Tensor] = [grads[i].reshape(-1) for i in indices]
-            if dtype == loss_dtype:
-                parts = [*parts, loss.detach().reshape(1)]
-            flat = torch.cat(list(parts))
-            if dtype not in (torch.float32, torch.float64):
-                # bf16 and f16 are summed in f32 (gloo has no bf16 sum), then cast back
-                wide = flat.float()
-                self._reduce("averaging gradients", wide)
-                flat = wide.div_(self.size).to(dtype)
-            else:
-                self._reduce("averaging gradients", flat)
-                flat.div_(self.size)
-            offset = 0
-            for i in indices:
-                count = grads[i].numel()
-                grads[i] = flat[offset : offset + count].view_as(grads[i])
-                offset += count
-            if dtype == loss_dtype:
-                mean_loss = flat[offset].reshape(loss.shape)
-        return mean_loss
 
     def shard(self, rows: int) -> slice:
         """This rank's part of ``rows`` records (the caller checked they split evenly)."""

@@ -34,6 +34,7 @@ from sexpgpu_torch.dtypes import TORCH_DTYPES
 from sexpgpu_torch.graphs import compile_graph
 from sexpgpu_torch.initializers import init_tensor
 from sexpgpu_torch.optim import clip_by_global_norm
+from sexpgpu_torch.replicated import Replicated
 from sexpgpu_torch.rng import derive_seed
 from sexpgpu_torch.sampling import Sampler, choose
 from sexpgpu_torch.strategy import GraphFn, Strategy
@@ -182,6 +183,7 @@ class TorchTrainer(Trainer):
         self.states: dict[str, list[Tensor]] = {}
         self.current_group: int | None = None
         self.ranks: Any = None  # the TorchGroup of a data-parallel run (use_group)
+        self.replica: Replicated | None = None  # its DDP replica
 
     def warm_up(self) -> float | None:
         """Compile every stage's loss, backward and update, and every eval pass, now, as
@@ -218,6 +220,7 @@ class TorchTrainer(Trainer):
         gradients across the ranks. Dropout draws from a seed of its own per rank,
         so the ranks' masks are not the same for their different records."""
         self.ranks = group
+        self.replica = Replicated(group, self.device)
         self.ctx.seed = derive_seed(self.program.run.seed, "rank", group.rank)
 
     # -- parameters
@@ -225,6 +228,9 @@ class TorchTrainer(Trainer):
     def _set_param(self, path: str, value: Tensor) -> None:
         decl = self._decl_by_path[path]
         t = value.to(dtype=TORCH_DTYPES[decl.type.dtype]).to(self.device)
+        if self.replica is not None and self.replica.holds(path):
+            self.params[path] = self.replica.take(path, t)
+            return
         if decl.trainable:
             t.requires_grad_(True)
         self.params[path] = t
@@ -286,26 +292,15 @@ class TorchTrainer(Trainer):
             batch = {name: array[self.ranks.shard(len(array))] for name, array in batch.items()}
         self._inputs(batch, self.fields[stage])
         ctx.step, ctx.training = step, True
-        trainable = [self.params[p] for p in self.trainable]
-        if self.autocast:
-            with torch.autocast(self.device.type, dtype=torch.bfloat16):
-                (loss,) = self.stage_loss[stage]()
+        if self.replica is not None:
+            loss, grads = self._replicated_loss_and_grads(stage)
         else:
-            (loss,) = self.stage_loss[stage]()
-        if trainable and loss.requires_grad:
-            grads = list(torch.autograd.grad(loss, trainable, allow_unused=True))
-        else:  # a loss that reaches no trainable parameter
-            grads = [None] * len(trainable)
-        for i, g in enumerate(grads):
-            if g is None:  # a parameter this stage's loss does not reach
-                grads[i] = torch.zeros_like(trainable[i])
+            loss, grads = self._loss_and_grads(stage)
         ctx.inputs = {}
         group = self.group[stage]
         update, options = self.updates[stage]
         with torch.no_grad():
-            loss = loss.detach()
-            if self.ranks is not None:  # before clipping: the norm is the global batch's
-                loss = self.ranks.average(grads, loss)
+            trainable = [self.params[p] for p in self.trainable]
             clip = self.program.stages[stage].optimizer.clip
             if clip is not None and grads:
                 clip_by_global_norm(grads, float(clip))
@@ -327,6 +322,35 @@ class TorchTrainer(Trainer):
             if fresh:  # the first proposal of these states: once, not every step
                 self._held_to_contract(stage, new_states, trainable, "propose")
         return Proposal(stage, group, loss, new_params, new_states)
+
+    def _stage_loss(self, stage: int) -> Tensor:
+        if self.autocast:
+            with torch.autocast(self.device.type, dtype=torch.bfloat16):
+                (loss,) = self.stage_loss[stage]()
+        else:
+            (loss,) = self.stage_loss[stage]()
+        return loss
+
+    def _loss_and_grads(self, stage: int) -> tuple[Tensor, list[Tensor]]:
+        """The stage's loss on this batch and its gradient for each trainable
+        parameter (zeros for one the loss does not reach)."""
+        trainable = [self.params[p] for p in self.trainable]
+        loss = self._stage_loss(stage)
+        if trainable and loss.requires_grad:
+            grads = list(torch.autograd.grad(loss, trainable, allow_unused=True))
+        else:  # a loss that reaches no trainable parameter
+            grads = [None] * len(trainable)
+        return loss.detach(), [
+            torch.zeros_like(t) if g is None else g for t, g in zip(trainable, grads, strict=True)
+        ]
+
+    def _replicated_loss_and_grads(self, stage: int) -> tuple[Tensor, list[Tensor]]:
+        """As ``_loss_and_grads``, for the global batch: the ranks' mean loss and
+        the gradients DDP averaged (before clipping: the norm is the global batch's)."""
+        assert self.replica is not None
+        if not self.replica.attached:
+            self.replica.attach(self.params, self.trainable)
+        return self.replica.loss_and_grads(partial(self._stage_loss, stage))
 
     def _held_to_contract(
         self, stage: int, states: Any, params: Sequence[Tensor], made_by: str
@@ -377,8 +401,13 @@ class TorchTrainer(Trainer):
 
     def commit(self, proposal: Proposal) -> None:
         """Make the proposal's parameters and states the current ones."""
-        for path, t in zip(self.trainable, proposal.params, strict=True):
-            self.params[path] = t.requires_grad_(True)
+        if self.replica is not None and self.replica.attached:
+            self.replica.commit(
+                self.params, dict(zip(self.trainable, proposal.params, strict=True))
+            )
+        else:
+            for path, t in zip(self.trainable, proposal.params, strict=True):
+                self.params[path] = t.requires_grad_(True)
         self.states = proposal.states
         self.current_group = proposal.group
 

@@ -1,0 +1,135 @@
+"""Replicated training (``:shard none``) on torch's ``DistributedDataParallel``.
+
+Every rank holds every parameter and optimizer state; a step's gradients are
+averaged by DDP's bucketed all-reduce, each bucket sent while the backward pass
+still computes the ones before it.
+
+DDP wants a module whose parameters are the leaves the loss is differentiated
+by, while the trainer's graphs read plain tensors from ``ctx.params``. So the
+trainable tensors are wrapped once in :class:`nn.Parameter` objects held by
+:class:`_Holder`, and ``ctx.params`` holds a view of each (a plain tensor, as the
+graphs were traced and compiled with: a compiled graph guards on the type), so
+gradients flow through the view to the parameter, where DDP's hooks are. A
+committed step swaps each parameter's storage (``.data``) for the proposal's
+tensor, so the module and DDP's hooks stay the same objects for the whole run.
+
+The buckets are DDP's first ones, in reverse parameter order (about the order
+the backward pass makes gradients), and are never rebuilt from a step's
+observed order (``find_unused_parameters`` keeps them, and lets a stage's loss
+leave some parameters out): the same program lays its gradients out the same
+way in every process, so a resumed run sums them in the same order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+Tensor = torch.Tensor
+
+__all__ = ["Replicated"]
+
+
+class _Holder(nn.Module):
+    """The trainable parameters as one module; its forward runs a stage's loss."""
+
+    def __init__(self, tensors: Sequence[Tensor]) -> None:
+        super().__init__()
+        for index, t in enumerate(tensors):
+            self.register_parameter(f"p{index}", nn.Parameter(t.detach(), requires_grad=True))
+        # Never used by a loss: DDP, told to look for unused parameters, warns on
+        # every rank's stderr when it finds none (its one element costs nothing).
+        self.unused = nn.Parameter(torch.zeros(1, device=tensors[0].device if tensors else None))
+
+    def forward(self, run: Callable[[], Tensor]) -> Tensor:
+        return run()
+
+
+class Replicated:
+    """One rank's replica under DDP (see the module docstring).
+
+    ``group`` is the plugin's :class:`~sexpgpu_torch.distributed.TorchGroup`: its
+    collectives name a lost peer with ``E-DP-003``.
+    """
+
+    def __init__(self, group: object, device: torch.device) -> None:
+        self.group = group
+        self.device = device
+        self._ddp: DistributedDataParallel | None = None
+        self._params: list[nn.Parameter] = []
+        self._index: dict[str, int] = {}
+
+    @property
+    def attached(self) -> bool:
+        """Whether the replica holds the parameters (from the first step on)."""
+        return self._ddp is not None
+
+    def attach(self, params: MutableMapping[str, Tensor], trainable: Sequence[str]) -> None:
+        """Wrap ``trainable``'s tensors of ``params`` (set already, the same on every
+        rank) and put views of them in their place."""
+        holder = _Holder([params[path] for path in trainable])
+        self._params = [getattr(holder, f"p{i}") for i in range(len(trainable))]
+        self._index = {path: i for i, path in enumerate(trainable)}
+        on_cuda = self.device.type == "cuda"
+        self._ddp = self.group.call(  # type: ignore[attr-defined]
+            "wrapping the model",
+            lambda: DistributedDataParallel(
+                holder,
+                device_ids=[self.device.index] if on_cuda else None,
+                init_sync=False,  # the ranks start equal; the end compares them (E-DP-003)
+                find_unused_parameters=True,
+            ),
+        )
+        for path in trainable:
+            params[path] = self.view(path)
+
+    def view(self, path: str) -> Tensor:
+        """A plain tensor aliasing the parameter of ``path``, gradients flowing through."""
+        p = self._params[self._index[path]]
+        with torch.enable_grad():
+            return p.view_as(p)
+
+    def take(self, path: str, value: Tensor) -> Tensor:
+        """Make ``value`` the parameter of ``path`` (in place: the same object) and
+        return its new view."""
+        self._params[self._index[path]].data = value.detach()
+        return self.view(path)
+
+    def holds(self, path: str) -> bool:
+        """Whether ``path`` is one of the replica's parameters."""
+        return self.attached and path in self._index
+
+    def loss_and_grads(self, run: Callable[[], Tensor]) -> tuple[Tensor, list[Tensor]]:
+        """The mean of every rank's loss and the averaged gradient of each parameter
+        (zeros where the loss does not reach one), from ``run``, which computes this
+        rank's loss from ``ctx.params``."""
+        assert self._ddp is not None
+        ddp = self._ddp
+
+        def forward_backward() -> tuple[Tensor, list[Tensor]]:
+            loss = ddp(run)
+            mean = loss.detach().clone()
+            # the loss's all-reduce goes first, before DDP's buckets, in the same
+            # order on every rank; it is waited for once the gradients are in
+            pending = dist.all_reduce(mean, async_op=True)
+            if loss.requires_grad:
+                loss.backward()
+            pending.wait()
+            grads = []
+            for p in self._params:
+                grad = p.grad
+                p.grad = None  # the next step's backward starts from nothing
+                grads.append(grad if grad is not None else torch.zeros_like(p))
+            return mean.div_(self.group.size), grads  # type: ignore[attr-defined]
+
+        return self.group.call("averaging gradients", forward_backward)  # type: ignore[attr-defined]
+
+    def commit(self, params: MutableMapping[str, Tensor], values: Mapping[str, Tensor]) -> None:
+        """Make each of ``values`` (by path) its parameter's storage and refresh the
+        views in ``params``."""
+        for path, value in values.items():
+            params[path] = self.take(path, value)
