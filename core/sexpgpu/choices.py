@@ -30,6 +30,9 @@ E_CHOICE = "E-CHOICE-001"
 LOWERING_CHOICE = "lowering"
 """The recorded choice naming the lowering a run used (``torch``, ``compiled``)."""
 
+SHARD_CHOICE = "shard"
+"""The recorded choice of what a run's devices shard (``none``, ``optimizer``, ``full``)."""
+
 FRESH_HINT = "use --choices fresh to choose again"
 
 CHOOSE = "--choose"

@@ -92,7 +92,7 @@ class Trainer(Protocol):
 
     Four abilities are optional, with defaults here that a trainer inherits by
     subclassing this protocol: :meth:`use_group` (training as one rank of
-    several), :meth:`warm_up` (compiling before the first step),
+    several, with :attr:`exports_together`), :meth:`warm_up` (compiling before the first step),
     :attr:`reads_loss_late` (a loss that waits for the device) and :meth:`generate`.
     """
 
@@ -106,9 +106,13 @@ class Trainer(Protocol):
     said of that step, so a step's metrics cost no host sync and the events keep
     their order."""
 
+    exports_together: bool = False
+    """True when ``export`` is a collective (it gathers sharded tensors): every rank
+    then calls it at each of the writer's checkpoints, and only the writer keeps it."""
+
     def use_group(self, group: RankGroup) -> None:
-        """Train as one rank of ``group``: called once, before any parameter is set,
-        when a run has more than one rank. ``propose`` then takes the rank's part of
+        """Train as one rank of ``group``: called once, before ``warm_up`` and before
+        any parameter is set, when a run has more than one rank. ``propose`` then takes the rank's part of
         the global batch and averages the gradients across the ranks (the loss it
         reports is the mean over the ranks). The default raises ``NotImplementedError``:
         a trainer for one device only, which a run on several refuses before any step."""

@@ -20,7 +20,7 @@ from sexpgpu.status import STATUS_FILE
 
 if TYPE_CHECKING:
     from sexpgpu.catalog import Catalog
-    from sexpgpu.checkpoint.checkpointer import Checkpointer
+    from sexpgpu.checkpoint.checkpointer import Checkpointer, LentExports
     from sexpgpu.extension import RankGroup, Storage
     from sexpgpu.metrics import MetricsStream
     from sexpgpu.train import Run
@@ -76,7 +76,7 @@ class Outputs:
     run_dir: str
     metrics: MetricsStream
     status: Any
-    checkpointer: Checkpointer | None
+    checkpointer: Checkpointer | LentExports | None
     resumed_from: str | None
     events: str | None = None
     """Where a person finds the run's events (the first sink that says where it writes)."""
@@ -86,6 +86,7 @@ class Outputs:
         """Open what ``run`` writes, say that it started (or resumed, with what moved
         since its checkpoint), and name its experiment: a resumed run reports into the
         same one."""
+        from sexpgpu.checkpoint.checkpointer import lent_exports
         from sexpgpu.metrics import MetricsStream, new_slug
 
         session, options = run.session, run.options
@@ -93,7 +94,8 @@ class Outputs:
         slug = resumed.experiment["slug"] if resumed else new_slug(_stem(options.selection.file))
         run_dir = os.path.join(options.metrics_dir, slug)
         if not run.group.is_writer:  # rank 0 reports and writes for every rank
-            return cls(slug, run_dir, MetricsStream([], experiment=slug), _Unwritten(), None, None)
+            lent = lent_exports(run.trainer, run.storage, _written_step(run))
+            return cls(slug, run_dir, MetricsStream([], experiment=slug), _Unwritten(), lent, None)
         outputs = cls._for_writer(run, slug, run_dir)
         if resumed:
             outputs.metrics.annotation(
@@ -155,7 +157,7 @@ class Outputs:
                 passes=[(p.name, p.every) for p in run.program.evals],
                 resumed_from=resumed_from,
                 # a checkpoint owing passes is written again once they have run
-                written_step=run.step if session.checkpoint and not run.evals_pending else None,
+                written_step=_written_step(run),
             )
         outputs = cls(slug, run_dir, metrics, status, checkpointer, resumed_from)
         outputs.events = found[0] if found else run_dir
@@ -240,6 +242,11 @@ class _Unwritten:
 
     def progress(self, step: int, **fields: object) -> bool:
         return True
+
+
+def _written_step(run: Run) -> int | None:
+    """The resumed checkpoint's step (not written again), unless it owes passes."""
+    return run.step if run.session.checkpoint and not run.evals_pending else None
 
 
 def _stem(path: str) -> str:

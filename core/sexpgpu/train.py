@@ -135,9 +135,9 @@ class Run:
             )
             return
         self.trainer = session.lower(self.group.device)
-        self.compile_seconds = self.trainer.warm_up()  # a compiling lowering pays it now
-        if self.group.size > 1:
+        if self.group.size > 1:  # first: a rank compiles for its own part of the work
             session.use_group(self.group)
+        self.compile_seconds = self.trainer.warm_up()  # a compiling lowering pays it now
         moved = session.moved + session.fill()
         # Data: one loader per stage, opened when the stage starts.
         self.loader, self.loader_stage = None, -1

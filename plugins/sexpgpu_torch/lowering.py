@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import torch
 
-from sexpgpu.choices import Choices, cannot_take
+from sexpgpu.choices import SHARD_CHOICE, Choices, cannot_take
 from sexpgpu.errors import PluginError
 from sexpgpu.extension import KernelInfo, Supplies
 from sexpgpu.kernels import choose_kernels, device_kind
@@ -24,6 +24,7 @@ from sexpgpu_torch.compiled import BACKEND, Compiled, prepare_caches
 from sexpgpu_torch.cpu import take as take_cpu_choices
 from sexpgpu_torch.cuda import runnable, take_conv_engine, take_eager_determinism, take_switches
 from sexpgpu_torch.names import COMPILED, LOWERING
+from sexpgpu_torch.shards import take_shard
 from sexpgpu_torch.strategy import Eager
 from sexpgpu_torch.trainer import TorchTrainer
 
@@ -49,6 +50,7 @@ class EagerLowering:
         )
         # Before any graph is built: the sums are the pinned threads' from the start.
         cpu_choices = take_cpu_choices(choices.pins(), device)
+        shard = take_shard(program, choices)
         return TorchTrainer(
             program,
             device=device,
@@ -56,7 +58,8 @@ class EagerLowering:
             optimizers=supplies.optimizers,
             ops=supplies.ops,
             strategy=Eager(),
-            made=cpu_choices,
+            made={**cpu_choices, SHARD_CHOICE: shard},
+            shard=shard,
         )
 
 
@@ -84,6 +87,7 @@ class CompiledLowering:
         )
         take_conv_engine(chosen, device)
         cpu_choices = take_cpu_choices(pins, device)
+        shard = take_shard(program, choices)
         return TorchTrainer(
             program,
             device=device,
@@ -91,7 +95,8 @@ class CompiledLowering:
             optimizers=supplies.optimizers,
             ops=supplies.ops,
             strategy=Compiled(torch.device(device)),
-            made={**cpu_choices, **switches, COMPILE_BACKEND: BACKEND},
+            made={**cpu_choices, **switches, COMPILE_BACKEND: BACKEND, SHARD_CHOICE: shard},
+            shard=shard,
         )
 
 

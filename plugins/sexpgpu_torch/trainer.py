@@ -16,6 +16,7 @@ needs no saved counter and survives a resume.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -37,6 +38,7 @@ from sexpgpu_torch.optim import clip_by_global_norm
 from sexpgpu_torch.replicated import Replicated
 from sexpgpu_torch.rng import derive_seed
 from sexpgpu_torch.sampling import Sampler, choose
+from sexpgpu_torch.shards import OwnedStates
 from sexpgpu_torch.strategy import GraphFn, Strategy
 
 Tensor = torch.Tensor
@@ -115,8 +117,10 @@ class TorchTrainer(Trainer):
         ops: Sequence[OpInfo] = (),
         strategy: Strategy,
         made: Mapping[str, str] | None = None,
+        shard: str = "none",
     ) -> None:
         self.program = program
+        self.shard = shard
         self.device = torch.device(device)
         self.strategy = strategy
         self.choices: dict[str, str] = {**recorded(chosen), **(made or {})}
@@ -184,6 +188,8 @@ class TorchTrainer(Trainer):
         self.current_group: int | None = None
         self.ranks: Any = None  # the TorchGroup of a data-parallel run (use_group)
         self.replica: Replicated | None = None  # its DDP replica
+        self.owned: OwnedStates | None = None  # the parameters it updates (:shard optimizer)
+        self._alone = False  # warming up: no collective, whatever the ranks
 
     def warm_up(self) -> float | None:
         """Compile every stage's loss, backward and update, and every eval pass, now, as
@@ -200,6 +206,7 @@ class TorchTrainer(Trainer):
                 decl.type.shape, dtype=TORCH_DTYPES[decl.type.dtype], device=self.device
             )
             self.params[decl.path] = t.requires_grad_(decl.trainable)
+        self._alone = True
         try:
             for stage, decl in enumerate(self.program.stages):
                 batch = _zeros(decl.fields)
@@ -210,17 +217,31 @@ class TorchTrainer(Trainer):
             for sampler in self.samplers.values():
                 sampler.warm_up()
         finally:
+            self._alone = False
             self.params.clear()
             self.states = {}
             self.current_group = None
 
+    @property
+    def exports_together(self) -> bool:
+        """Whether ``export`` is a collective of the ranks: with sharded states it
+        gathers each from its owner."""
+        return self.owned is not None
+
     def use_group(self, group: Any) -> None:
         """Train as one rank of ``group`` (a :class:`sexpgpu_torch.distributed.TorchGroup`):
         each step takes this rank's part of the global batch and averages the
-        gradients across the ranks. Dropout draws from a seed of its own per rank,
+        gradients across the ranks (DDP); with ``shard`` ``optimizer`` it updates
+        only the parameters it owns (:mod:`sexpgpu_torch.shards`). Dropout draws from a seed of its own per rank,
         so the ranks' masks are not the same for their different records."""
+        if self.shard == "full":
+            raise PluginError("--shard full is not built yet; use none or optimizer")
         self.ranks = group
         self.replica = Replicated(group, self.device)
+        if self.shard == "optimizer":
+            sizes = [math.prod(self._decl_by_path[p].type.shape) for p in self.trainable]
+            self.owned = OwnedStates(group, sizes)
+            self._positions = {index: k for k, index in enumerate(self.owned.mine)}
         self.ctx.seed = derive_seed(self.program.run.seed, "rank", group.rank)
 
     # -- parameters
@@ -292,7 +313,7 @@ class TorchTrainer(Trainer):
             batch = {name: array[self.ranks.shard(len(array))] for name, array in batch.items()}
         self._inputs(batch, self.fields[stage])
         ctx.step, ctx.training = step, True
-        if self.replica is not None:
+        if self.replica is not None and not self._alone:
             loss, grads = self._replicated_loss_and_grads(stage)
         else:
             loss, grads = self._loss_and_grads(stage)
@@ -304,24 +325,44 @@ class TorchTrainer(Trainer):
             clip = self.program.stages[stage].optimizer.clip
             if clip is not None and grads:
                 clip_by_global_norm(grads, float(clip))
+            mine, grads, decay = (
+                self._mine(trainable),
+                self._mine(grads),
+                self._mine(self.decay[stage]),
+            )
             fresh = group != self.current_group
             if fresh:
-                states = update.init_states(trainable, options)
-                self._held_to_contract(stage, states, trainable, "init_states")
+                states = update.init_states(mine, options)
+                self._held_to_contract(stage, states, mine, "init_states")
             else:
                 states = self.states
             new_params, new_states = update.propose(
-                trainable,
+                mine,
                 grads,
                 states,
                 lr=float(lr),
                 count=step - self.group_start[stage],
                 options=options,
-                decay=self.decay[stage],
+                decay=decay,
             )
             if fresh:  # the first proposal of these states: once, not every step
-                self._held_to_contract(stage, new_states, trainable, "propose")
+                self._held_to_contract(stage, new_states, mine, "propose")
+            if self.owned is not None and not self._alone:  # every rank's new values
+                new_params = self.owned.share(new_params, trainable)
         return Proposal(stage, group, loss, new_params, new_states)
+
+    def _mine(self, values: Sequence[Any]) -> list[Any]:
+        """The entries of ``values`` (one per trainable parameter) this rank updates."""
+        if self.owned is None:
+            return list(values)
+        return [values[i] for i in self.owned.mine]
+
+    def _state_position(self, index: int) -> int | None:
+        """Where trainable parameter ``index``'s states are in this rank's lists
+        (``None``: another rank keeps them)."""
+        if self.owned is None:
+            return index
+        return self._positions.get(index)
 
     def _stage_loss(self, stage: int) -> Tensor:
         if self.autocast:
@@ -392,7 +433,9 @@ class TorchTrainer(Trainer):
         names = list(proposal.states)
         for i, path in enumerate(self.trainable):
             candidates = [("parameter", path, proposal.params[i])]
-            candidates += [("state", f"{path}/{n}", proposal.states[n][i]) for n in names]
+            k = self._state_position(i)
+            if k is not None:
+                candidates += [("state", f"{path}/{n}", proposal.states[n][k]) for n in names]
             for kind, name, t in candidates:
                 bad = int((~torch.isfinite(t)).sum())
                 if bad:
@@ -428,7 +471,7 @@ class TorchTrainer(Trainer):
         # A frozen parameter read with :load is named by experiment.json, not copied.
         sources = {d.path: self.params[d.path] for d in self.decls if d.trainable or d.load is None}
         state_sources = {
-            f"{path}/{name}": values[i]
+            f"{path}/{name}": self._whole_state(i, values)
             for i, path in enumerate(self.trainable)
             for name, values in self.states.items()
         }
@@ -450,6 +493,14 @@ class TorchTrainer(Trainer):
             return arrays
 
         return copy_out(sources), copy_out(state_sources)
+
+    def _whole_state(self, index: int, values: Sequence[Tensor]) -> Tensor:
+        """A state of trainable parameter ``index``, from the rank that keeps it."""
+        k = self._state_position(index)
+        if self.owned is None:
+            return values[index]
+        like = self.params[self.trainable[index]]
+        return self.owned.gather(index, None if k is None else values[k], like)
 
     def restore(
         self, params: Mapping[str, np.ndarray], states: Mapping[str, np.ndarray], *, stage: int
@@ -480,7 +531,7 @@ class TorchTrainer(Trainer):
                     torch.from_numpy(np.array(states[f"{p}/{n}"], dtype=np.float32, copy=True)).to(
                         self.device
                     )
-                    for p in self.trainable
+                    for p in self._mine(self.trainable)
                 ]
         for path, array in params.items():
             self._set_param(path, torch.from_numpy(np.array(array, copy=True)))

@@ -99,6 +99,13 @@ THREADS = "cpu.threads"
     "from the cores this process may use). Recorded, and pinned on resume.",
 )
 @click.option(
+    "--shard",
+    type=click.Choice(["none", "optimizer", "full"]),
+    help="What several devices shard: none (every device holds everything), optimizer "
+    "(the optimizer states) or full (parameters, gradients and states); wins over the "
+    "file's :shard. Recorded, and pinned on resume.",
+)
+@click.option(
     "--keep-last",
     type=click.IntRange(min=1),
     help="Keep only the newest N complete checkpoints (wins over the file's :keep-last).",
@@ -127,11 +134,13 @@ def run(
     lowering: str | None,
     requests: tuple[str, ...],
     threads: int | None,
+    shard: str | None,
     keep_last: int | None,
     log_every: str,
 ) -> None:
     """Train FILE, checkpointing to --checkpoint-dir and resuming with --resume."""
     from sexpgpu.bundle.opening import is_bundle
+    from sexpgpu.choices import SHARD_CHOICE
     from sexpgpu.session import Selection, Target
     from sexpgpu_cli.environment import prepare_environment
     from sexpgpu_cli.launch import Worker, in_worker, launch
@@ -157,8 +166,11 @@ def run(
         lowering=lowering or None,
         choose=choose,
         # --threads is the torch lowering's recorded thread count, asked for by name
-        requests={} if threads is None else {THREADS: str(threads)},
-        options={THREADS: "--threads"},
+        requests={
+            **({} if threads is None else {THREADS: str(threads)}),
+            **({} if shard is None else {SHARD_CHOICE: shard}),
+        },
+        options={THREADS: "--threads", SHARD_CHOICE: "--shard"},
         fresh=choices == "fresh",
         bundled=None if bundled is None else bundled.choices,
     )

@@ -169,3 +169,39 @@ class Checkpointer:
         except SexpError:
             pass
         self._pool.shutdown(wait=True)
+
+
+class LentExports:
+    """A rank other than the writer, for a trainer whose ``export`` is a collective
+    (``Trainer.exports_together``): it exports at the same steps as the writer's
+    :class:`Checkpointer` (a step written already is skipped by both) and drops
+    what it gets; it writes and reports nothing."""
+
+    last = None  # rank 0 says where its checkpoints are
+
+    def __init__(self, trainer: Trainer, written_step: int | None) -> None:
+        self.trainer = trainer
+        self._written_step = written_step
+
+    def save(self, step: int, **_: Any) -> None:
+        """Take part in the writer's snapshot of ``step``."""
+        if self._written_step != step:
+            self.trainer.export(reuse=True)
+            self._written_step = step
+
+    def wait(self) -> None:
+        """Nothing is written here."""
+
+    def close(self) -> None:
+        """Nothing to stop."""
+
+
+def lent_exports(
+    trainer: Trainer, storage: Storage | None, written_step: int | None
+) -> LentExports | None:
+    """A non-writing rank's part in the writer's checkpoints (``written_step``: the
+    resumed checkpoint's step, written already, as the writer's ``Checkpointer`` has
+    it), or ``None`` when the trainer's export is no collective or nothing is written."""
+    if storage is None or not getattr(trainer, "exports_together", False):
+        return None
+    return LentExports(trainer, written_step)

@@ -28,6 +28,7 @@ DEFRUN_OPTIONS = (
     "counters",
     "guard-finite",
     "deterministic",
+    "shard",
     "stages",
     "evals",
     "with-loaded",

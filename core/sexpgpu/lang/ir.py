@@ -240,6 +240,11 @@ class EvalPass:
         return self.generator.fields if self.generator else self.data.fields
 
 
+SHARDINGS = ("none", "optimizer", "full")
+"""What a run on several devices shards: nothing (replicas), the optimizer states,
+or parameters, gradients and states alike."""
+
+
 @dataclass(frozen=True)
 class RunSettings:
     """A ``defrun``'s settings other than its stages and passes."""
@@ -253,6 +258,9 @@ class RunSettings:
     deterministic: bool = True
     keep_last: int | None = None
     """``:keep-last N``: complete checkpoints kept at the location (``None``: all)."""
+    shard: str | None = None
+    """``:shard``: what several devices shard (one of :data:`SHARDINGS`); ``None``
+    leaves it to the run's request or its default, ``none``."""
 
 
 @dataclass(frozen=True)

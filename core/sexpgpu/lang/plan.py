@@ -111,8 +111,21 @@ def run_settings(run: RunForm, statics: Statics) -> g.RunSettings:
     )
     # Retention: how many complete checkpoints to keep (None keeps them all).
     keep = statics.int_of(opts["keep-last"], env, ":keep-last", 1) if "keep-last" in opts else None
+    shard = None
+    if "shard" in opts:
+        shard = statics.word(opts["shard"], env, "a sharding")
+        if shard not in g.SHARDINGS:
+            raise err(f":shard is none, optimizer or full, got {shard}", opts["shard"].pos)
     return g.RunSettings(
-        run.name, every, seed, precision, counters, guard, deterministic, keep_last=keep
+        run.name,
+        every,
+        seed,
+        precision,
+        counters,
+        guard,
+        deterministic,
+        keep_last=keep,
+        shard=shard,
     )
 
 
