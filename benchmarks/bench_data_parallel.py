@@ -4,15 +4,19 @@ Two workloads, both ``examples/tiny-lm.sx --set dim=256 --set layers=4``
 (3.17M parameters): the example's own global batch of 32 records (512 tokens a
 step), and the same model with a global batch of 256 (4096 tokens a step), a
 copy of the file in a temporary folder with only ``:batch`` changed. Each is
-trained through ``sexpgpu run``, once on one rank with one thread and once with
-``--devices 2`` (two ranks, one thread each), alternating, ``--repeats`` times.
+trained through ``sexpgpu run``, on one rank with one thread and with
+``--devices 2`` (two ranks, one thread each) under ``--shard none`` and
+``--shard optimizer``, alternating, ``--repeats`` times.
 Throughput comes from the run's own metrics: the global ``tokens`` counter over
 the wall time between the ``--skip``-th step and the last, so start-up
 (imports, rendezvous) is left out. The stall is each checkpoint annotation's
 ``blocked`` (the time the step loop waited for the host copy; with several
 ranks, rank 0's wait is every rank's, since the next all-reduce waits for it).
 Prints the median, fastest and slowest of each and the ratio of the medians
-(goal: >= 1.7).
+(goal: >= 1.6), and a 2-rank step taken apart: its forward and backward passes
+on half the batch (measured, two processes at once), the update (measured on
+the whole model in one process; half of it under ``optimizer``), and the rest,
+mostly the gradients' exchange that the backward pass did not hide (derived).
 
 Two more figures say what bounds the ratio on this machine:
 
@@ -68,7 +72,7 @@ def program_with_batch(folder: Path, batch: int) -> Path:
 
 
 def one_run(
-    program: Path, folder: Path, devices: int, steps: int, every: int, skip: int
+    program: Path, folder: Path, devices: int, steps: int, every: int, skip: int, shard: str
 ) -> tuple[float, list]:
     """Tokens per second after ``skip`` steps, and every checkpoint's ``blocked`` seconds."""
     args = [sys.executable, "-m", "sexpgpu_cli", "run", str(program), *MODEL]
@@ -76,7 +80,7 @@ def one_run(
     args += ["--steps", str(steps), "--metrics-dir", str(folder / "m")]
     args += ["--checkpoint-dir", str(folder / "ckpt"), "--threads", "1"]
     if devices > 1:
-        args += ["--devices", str(devices)]
+        args += ["--devices", str(devices), "--shard", shard]
     env = dict(os.environ, OMP_NUM_THREADS="1", SEXPGPU_LOG_FORMAT="json")
     result = subprocess.run(args, env=env, capture_output=True, text=True, timeout=1800)
     if result.returncode != 0:
@@ -138,18 +142,28 @@ def step_worker(program: Path, part: int, parts: int, steps: int) -> None:
     batch = open_loader(catalog, program_.stages[0].data, 1)[1].next_batch()
     share = len(next(iter(batch.values()))) // parts
     mine = {name: array[part * share : (part + 1) * share] for name, array in batch.items()}
+    backward = 0.0
     for step in range(1, steps + 1):
         if step == 3:  # the first steps allocate; leave them out
-            started = time.perf_counter()
+            started, backward = time.perf_counter(), 0.0
         proposal = trainer.propose(mine, stage=0, step=step, lr=1e-3)
         trainer.find_non_finite(proposal)  # the run's finite guard, as a step of the run
         trainer.commit(proposal)
-    print(f"ms {(time.perf_counter() - started) / (steps - 2) * 1000:.3f}", flush=True)
+        # the forward and backward passes alone, once more on the same batch (the
+        # trainer's own function: what a step runs before its optimizer)
+        trainer._inputs(mine, trainer.fields[0])
+        trainer.ctx.training = True
+        begun = time.perf_counter()
+        trainer._loss_and_grads(0)
+        backward += time.perf_counter() - begun
+    took = time.perf_counter() - started - backward
+    print(f"ms {took / (steps - 2) * 1000:.3f} {backward / (steps - 2) * 1000:.3f}", flush=True)
 
 
-def ceiling(program: Path, steps: int) -> tuple[float, float]:
-    """Milliseconds of a step on the whole batch in one process, and the slower of two
-    processes stepping half of it each at the same time."""
+def ceiling(program: Path, steps: int) -> tuple[tuple[float, float], tuple[float, float]]:
+    """Milliseconds of a step, and of its forward and backward passes, on the whole
+    batch in one process, and in the slower of two processes stepping half of it
+    each at the same time."""
 
     def start(part: int, parts: int) -> subprocess.Popen:
         args = [sys.executable, __file__, "--step-worker", str(program)]
@@ -157,11 +171,12 @@ def ceiling(program: Path, steps: int) -> tuple[float, float]:
         env = dict(os.environ, OMP_NUM_THREADS="1")
         return subprocess.Popen(args, env=env, stdout=subprocess.PIPE, text=True)
 
-    def read(process: subprocess.Popen) -> float:
+    def read(process: subprocess.Popen) -> tuple[float, float]:
         out, _ = process.communicate(timeout=1800)
         if process.returncode != 0:
             raise SystemExit("a ceiling worker failed")
-        return float(out.split()[-1])
+        step, passes = out.split()[-2:]
+        return float(step), float(passes)
 
     whole = read(start(0, 1))
     halves = [start(0, 2), start(1, 2)]
@@ -187,30 +202,48 @@ def measure(name: str, root: Path, repeats: int) -> int:
     """Every figure of one workload, printed; returns the parameter count."""
     batch, steps, skip, every = WORKLOADS[name]
     program = program_with_batch(root, batch)
-    rates: dict[int, list[float]] = {1: [], 2: []}
-    stalls: dict[int, list[float]] = {1: [], 2: []}
+    configs = [(1, "none"), (2, "none"), (2, "optimizer")]
+    rates: dict[tuple, list[float]] = {c: [] for c in configs}
+    stalls: dict[tuple, list[float]] = {c: [] for c in configs}
     elements = 0
     for repeat in range(repeats):
-        for devices in (1, 2):
-            folder = root / f"{name}-{devices}-{repeat}"
-            rate, blocked = one_run(program, folder, devices, steps, every, skip)
-            rates[devices].append(rate)
-            stalls[devices].extend(blocked)
+        for devices, shard in configs:
+            folder = root / f"{name}-{devices}-{shard}-{repeat}"
+            rate, blocked = one_run(program, folder, devices, steps, every, skip, shard)
+            rates[devices, shard].append(rate)
+            stalls[devices, shard].extend(blocked)
             elements = parameters(folder)
-            print(f"{name} run {repeat} devices={devices}: {rate:.0f} tokens/s", flush=True)
+            print(f"{name} run {repeat} devices={devices} shard={shard}: {rate:.0f} tokens/s")
     label = f"{name} (global batch {batch}, {batch * 16} tokens/step)"
-    for devices in (1, 2):
-        print(f"{label} {devices} rank(s) x 1 thread  tokens/s  {summary(rates[devices])}")
-        print(f"{label} {devices} rank(s) x 1 thread  stall s   {summary(stalls[devices])}")
-    ratio = statistics.median(rates[2]) / statistics.median(rates[1])
-    stall = statistics.median(stalls[2]) / statistics.median(stalls[1])
-    whole_ms, half_ms = ceiling(program, steps=8 if batch > 64 else 20)
-    print(f"{label} throughput ratio 2 ranks / 1 rank (medians): {ratio:.2f}  (goal >= 1.7)")
-    print(f"{label} checkpoint stall ratio 2 ranks / 1 rank (medians): {stall:.2f}")
+    for devices, shard in configs:
+        what = f"{devices} rank(s) x 1 thread, shard {shard}"
+        print(f"{label} {what}  tokens/s  {summary(rates[devices, shard])}")
+        print(f"{label} {what}  stall s   {summary(stalls[devices, shard])}")
+    (whole_ms, whole_passes), (half_ms, half_passes) = ceiling(
+        program, steps=8 if batch > 64 else 20
+    )
+    one = statistics.median(rates[1, "none"])
+    for devices, shard in configs[1:]:
+        rate = statistics.median(rates[devices, shard])
+        ratio = rate / one
+        stall = statistics.median(stalls[devices, shard]) / statistics.median(stalls[1, "none"])
+        print(f"{label} shard {shard}: 2 ranks / 1 rank (medians): {ratio:.2f}  (goal >= 1.6)")
+        print(f"{label} shard {shard}: checkpoint stall ratio 2 ranks / 1 rank: {stall:.2f}")
+        # a 2-rank step: its half-batch passes (two at once), the update (the whole
+        # model's, or half of it when each rank updates what it owns), and the rest,
+        # mostly the gradients' exchange not hidden behind the backward pass
+        step_ms = batch * 16 / rate * 1000
+        update = whole_ms - whole_passes
+        update = update / 2 if shard == "optimizer" else update
+        rest = step_ms - half_passes - update
+        print(
+            f"{label} shard {shard}: a step {step_ms:.1f} ms = passes {half_passes:.1f} + "
+            f"update ~{update:.1f} + exchange and the rest ~{rest:.1f} (derived)"
+        )
     print(
-        f"{label} ceiling: a step on the whole batch {whole_ms:.1f} ms in one process, "
-        f"{half_ms:.1f} ms on half in each of two at once: at most {whole_ms / half_ms:.2f}x; "
-        f"the ranks reach {ratio / (whole_ms / half_ms):.0%} of it",
+        f"{label} ceiling: a step on the whole batch {whole_ms:.1f} ms in one process "
+        f"(passes {whole_passes:.1f}), {half_ms:.1f} ms on half in each of two at once "
+        f"(passes {half_passes:.1f}): at most {whole_ms / half_ms:.2f}x",
         flush=True,
     )
     return elements

@@ -185,11 +185,9 @@ class Trainer(Protocol):
 class RankGroup(Protocol):
     """The ranks of a data-parallel run, one process each, as a lowering joins them.
 
-    Every rank holds the whole model and takes its own part of each global batch;
-    the trainer averages the gradients across the ranks before the update, so every
-    rank commits the same parameters. The run loop uses the group for what the
-    ranks must agree on: whether to stop after a step, the finite guard's verdict,
-    and that the ranks still hold the same bytes. Only the writer (rank 0) writes
+    The trainer shares the work of each step (``Trainer.use_group``); the run loop
+    uses the group for what the ranks must agree on: whether to stop after a step,
+    the finite guard's verdict, and that the ranks still hold the same bytes. Only the writer (rank 0) writes
     checkpoints, metrics and the status file. Every collective raises
     :class:`sexpgpu.errors.RunError` (``E-DP-003``) when a rank is gone.
     """
@@ -213,8 +211,8 @@ class RankGroup(Protocol):
     def same(self, data: bytes) -> bool:
         """Whether every rank passed the same ``data`` (a digest)."""
 
-    def barrier(self) -> None:
-        """Return once every rank has called it."""
+    def sum(self, values: Sequence[float]) -> list[float]:
+        """Each of ``values`` summed over the ranks, one by one (one collective)."""
 
     def close(self) -> None:
         """Leave the group (after the last collective)."""
@@ -584,10 +582,12 @@ class Evaluator(Protocol):
         seed: int,
         open_data: Callable[[Any, int], DataLoader],
         stopping: Callable[[], bool],
+        group: RankGroup | None = None,
     ) -> dict[str, float] | None:
         """Run ``eval_pass`` (a :class:`sexpgpu.lang.ir.EvalPass`) over its batches.
 
-        ``open_data(data_decl, seed)`` opens a loader; ``seed`` is the run's.
+        ``open_data(data_decl, seed)`` opens a loader; ``seed`` is the run's; the
+        ``group`` of several ranks shares the batches.
         Returns each metric's number, or ``None`` when ``stopping()`` became true
         before a batch (a signal): the pass then reports nothing.
         """

@@ -93,10 +93,12 @@ class Outputs:
         resumed = session.checkpoint
         slug = resumed.experiment["slug"] if resumed else new_slug(_stem(options.selection.file))
         run_dir = os.path.join(options.metrics_dir, slug)
+        # a resumed checkpoint is not written again, unless it owes passes
+        written = run.step if resumed and not run.evals_pending else None
         if not run.group.is_writer:  # rank 0 reports and writes for every rank
-            lent = lent_exports(run.trainer, run.storage, _written_step(run))
+            lent = lent_exports(run.trainer, run.storage, written)
             return cls(slug, run_dir, MetricsStream([], experiment=slug), _Unwritten(), lent, None)
-        outputs = cls._for_writer(run, slug, run_dir)
+        outputs = cls._for_writer(run, slug, run_dir, written)
         if resumed:
             outputs.metrics.annotation(
                 run.step, "\n".join([f"resumed from {session.location}", *moved])
@@ -118,7 +120,7 @@ class Outputs:
         return outputs
 
     @classmethod
-    def _for_writer(cls, run: Run, slug: str, run_dir: str) -> Outputs:
+    def _for_writer(cls, run: Run, slug: str, run_dir: str, written: int | None) -> Outputs:
         from sexpgpu.checkpoint.checkpointer import Checkpointer
         from sexpgpu.metrics import MetricsStream, open_sinks
         from sexpgpu.status import StatusFile, run_identity
@@ -156,8 +158,7 @@ class Outputs:
                 keep_last=keep,
                 passes=[(p.name, p.every) for p in run.program.evals],
                 resumed_from=resumed_from,
-                # a checkpoint owing passes is written again once they have run
-                written_step=_written_step(run),
+                written_step=written,
             )
         outputs = cls(slug, run_dir, metrics, status, checkpointer, resumed_from)
         outputs.events = found[0] if found else run_dir
@@ -242,11 +243,6 @@ class _Unwritten:
 
     def progress(self, step: int, **fields: object) -> bool:
         return True
-
-
-def _written_step(run: Run) -> int | None:
-    """The resumed checkpoint's step (not written again), unless it owes passes."""
-    return run.step if run.session.checkpoint and not run.evals_pending else None
 
 
 def _stem(path: str) -> str:

@@ -312,6 +312,7 @@ class Session:
         assert self.lowered is not None, "lower() first"
         try:
             self.lowered.trainer.use_group(group)
+            self.lowered.made.update(self.lowered.trainer.choices)  # what it chose for them
         except NotImplementedError:
             raise PluginError(
                 f"the lowering {self.lowered.lowering} cannot train on several devices; "

@@ -339,6 +339,7 @@ class Run:
                     seed=self.program.run.seed,
                     open_data=lambda decl, seed: open_loader(self.catalog, decl, seed)[1],
                     stopping=self.stops.pass_may_stop,
+                    group=self.group,
                 )
             except Exception:
                 with contextlib.suppress(Exception):  # the step is committed: keep it

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from sexpgpu.extension import DataLoader, EvalMetricInfo, Trainer
+from sexpgpu.extension import DataLoader, EvalMetricInfo, RankGroup, Trainer
 
 EVAL_SEED_OFFSET = 1
 """Eval data is its own stream, seeded ``run seed + 1``: the same batches at every
@@ -27,17 +27,28 @@ class PassRunner:
         seed: int,
         open_data: Callable[[Any, int], DataLoader],
         stopping: Callable[[], bool],
+        group: RankGroup | None = None,
     ) -> dict[str, float] | None:
         """The pass's numbers: each metric's per-batch value summed over the batches in
-        order, divided by their count, then finished; ``None`` once ``stopping()``."""
+        order, divided by their count, then finished; ``None`` once ``stopping()``.
+
+        With the ``group`` of several ranks, rank ``r`` of ``n`` evaluates batches
+        ``r``, ``r + n``...; the ranks then add up each batch's values (every slot
+        but its own rank's is zero, so each value comes through exact), and every
+        rank sums them in batch order: one rank's numbers, to the bit, when each
+        batch computes as it does alone."""
         loader = open_data(eval_pass.data, seed + EVAL_SEED_OFFSET)
         batches = max(1, eval_pass.batches)
-        totals: dict[str, float] = {}
+        rank, size = (group.rank, group.size) if group is not None else (0, 1)
+        names = list(eval_pass.metrics)
+        values = [0.0] * (batches * len(names))  # batch by batch, metric by metric
         generator = getattr(eval_pass, "generator", None)
         for index in range(batches):
             if stopping():
                 return None  # a pass in flight stops at its next batch and reports nothing
-            batch = loader.next_batch()
+            batch = loader.next_batch()  # every rank reads the stream, in order
+            if index % size != rank:
+                continue
             if generator is not None:  # its draws: the same at every pass, as its data
                 batch = trainer.generate(
                     generator,
@@ -48,8 +59,15 @@ class PassRunner:
                 )
                 if batch is None:
                     return None  # abandoned between two trips
-            for name, value in trainer.evaluate(eval_pass.name, batch).items():
-                totals[name] = totals.get(name, 0.0) + value
+            numbers = trainer.evaluate(eval_pass.name, batch)
+            for k, name in enumerate(names):
+                values[index * len(names) + k] = numbers[name]
+        if group is not None and size > 1:
+            values = group.sum(values)
+        totals = dict.fromkeys(names, 0.0)
+        for index in range(batches):
+            for k, name in enumerate(names):
+                totals[name] += values[index * len(names) + k]
         numbers = {}
         for name, total in totals.items():
             finish = self.finishers.get(name)

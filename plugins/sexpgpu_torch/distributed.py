@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -141,9 +141,11 @@ class TorchGroup:
         self._reduce("comparing", high, dist.ReduceOp.MAX)
         return bool(torch.equal(low, high))
 
-    def barrier(self) -> None:
-        """Wait for every rank (an all-reduce: one path for gloo and NCCL)."""
-        self.max(0)
+    def sum(self, values: Sequence[float]) -> list[float]:
+        """Each of ``values`` summed over the ranks (in f64)."""
+        total = torch.tensor(list(values), dtype=torch.float64, device=self._tensor_device)
+        self._reduce("summing", total)
+        return total.tolist()
 
     def shard(self, rows: int) -> slice:
         """This rank's part of ``rows`` records (the caller checked they split evenly)."""

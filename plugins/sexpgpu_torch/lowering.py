@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import torch
 
-from sexpgpu.choices import SHARD_CHOICE, Choices, cannot_take
+from sexpgpu.choices import Choices, cannot_take
 from sexpgpu.errors import PluginError
 from sexpgpu.extension import KernelInfo, Supplies
 from sexpgpu.kernels import choose_kernels, device_kind
@@ -58,7 +58,7 @@ class EagerLowering:
             optimizers=supplies.optimizers,
             ops=supplies.ops,
             strategy=Eager(),
-            made={**cpu_choices, SHARD_CHOICE: shard},
+            made=cpu_choices,
             shard=shard,
         )
 
@@ -95,7 +95,7 @@ class CompiledLowering:
             optimizers=supplies.optimizers,
             ops=supplies.ops,
             strategy=Compiled(torch.device(device)),
-            made={**cpu_choices, **switches, COMPILE_BACKEND: BACKEND, SHARD_CHOICE: shard},
+            made={**cpu_choices, **switches, COMPILE_BACKEND: BACKEND},
             shard=shard,
         )
 

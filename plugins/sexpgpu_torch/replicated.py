@@ -82,6 +82,7 @@ class Replicated:
                 device_ids=[self.device.index] if on_cuda else None,
                 init_sync=False,  # the ranks start equal; the end compares them (E-DP-003)
                 find_unused_parameters=True,
+                gradient_as_bucket_view=True,  # the averaged gradients are the buckets: no copy
             ),
         )
         for path in trainable:

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from sexpgpu.choices import SHARD_CHOICE
 from sexpgpu.errors import CheckpointError, PluginError, RunError
 from sexpgpu.extension import KernelInfo, OpInfo, OptimizerInfo, OptimizerUpdate, Trainer
 from sexpgpu.kernels import recorded
@@ -235,8 +236,9 @@ class TorchTrainer(Trainer):
         only the parameters it owns (:mod:`sexpgpu_torch.shards`). Dropout draws from a seed of its own per rank,
         so the ranks' masks are not the same for their different records."""
         if self.shard == "full":
-            raise PluginError("--shard full is not built yet; use none or optimizer")
+            raise PluginError("the sharding full is not built yet; shard none or optimizer")
         self.ranks = group
+        self.choices[SHARD_CHOICE] = self.shard  # one device has nothing to shard
         self.replica = Replicated(group, self.device)
         if self.shard == "optimizer":
             sizes = [math.prod(self._decl_by_path[p].type.shape) for p in self.trainable]

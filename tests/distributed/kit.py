@@ -21,6 +21,15 @@ PROGRAM = "dp.sx"
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 
 
+STEPS = 300
+"""Long enough for a signal to land mid-run, a few seconds on two ranks."""
+
+
+def last(root: Path) -> Path:
+    """The last checkpoint of a run of STEPS steps in ``root``."""
+    return root / "ckpt" / f"step-{STEPS:08d}"
+
+
 def project(root: Path) -> Path:
     """``root`` holding a copy of the tests' program, as a user's folder would."""
     root.mkdir(parents=True, exist_ok=True)

@@ -34,10 +34,12 @@ from tests.e2e.helpers import (
 
 from .kit import (
     SIGNALS,
+    STEPS,
     TORCHRUN,
     ended,
     free_port,
     interrupted_lines,
+    last,
     launch,
     project,
     run_args,
@@ -46,22 +48,6 @@ from .kit import (
     wait_until,
     worker_pid,
 )
-
-STEPS = 300
-"""Long enough for a signal to land mid-run, a few seconds on two ranks."""
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    """An uninterrupted two-rank run of STEPS steps: its folder."""
-    root = project(tmp_path_factory.mktemp("reference"))
-    result = launch(root, "--devices", "2", steps=STEPS)
-    assert result.returncode == 0, result.stderr
-    return root
-
-
-def last(root):
-    return root / "ckpt" / f"step-{STEPS:08d}"
 
 
 def losses(root) -> dict[int, float]:

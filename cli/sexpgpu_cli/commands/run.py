@@ -147,8 +147,10 @@ def run(
     from sexpgpu_cli.options import metrics_sinks as sinks_of
     from sexpgpu_cli.options import parse_requests
     from sexpgpu_cli.reporting import LogEvery, Reporter
+    from sexpgpu_cli.slurm import take_srun_environment
 
     choose = parse_requests(requests)  # a malformed one is refused before any worker starts
+    take_srun_environment()  # a task srun started is a rank, as a torchrun worker is
     every = LogEvery.parse(log_every)
     worker = Worker(devices) if in_worker() else None
     if worker is None and ((devices or 1) > 1 or max_restarts):
