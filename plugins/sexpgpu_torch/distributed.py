@@ -16,12 +16,14 @@ way the rank raises ``E-DP-003`` with one line.
 
 from __future__ import annotations
 
+import gc
 import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 from typing import Any, TypeVar
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -71,6 +73,7 @@ class TorchGroup:
             self.device = device
             backend = "gloo"
         self._tensor_device = torch.device(self.device)
+        self._releases: list[Callable[[], None]] = []
         seconds = float(os.environ.get("SEXPGPU_DP_TIMEOUT", DEFAULT_TIMEOUT_S))
         self.log = get_logger("sexpgpu.ranks")
         timeout = timedelta(seconds=seconds)
@@ -147,13 +150,52 @@ class TorchGroup:
         self._reduce("summing", total)
         return total.tolist()
 
+    def gather_rows(self, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Every rank's ``arrays`` (the same names and shapes on each), joined along
+        their first axis in rank order: one all-gather per dtype."""
+        by_dtype: dict[torch.dtype, list[str]] = {}
+        mine = {}
+        for name in sorted(arrays):
+            t = torch.from_numpy(np.ascontiguousarray(arrays[name]))
+            mine[name] = t.to(torch.uint8) if t.dtype == torch.bool else t  # gloo sends no bool
+            by_dtype.setdefault(mine[name].dtype, []).append(name)
+        joined = {}
+        for names in by_dtype.values():
+            flat = torch.cat([mine[n].reshape(-1) for n in names]).to(self._tensor_device)
+            parts = [torch.empty_like(flat) for _ in range(self.size)]
+            self.call(
+                "exchanging generated records",
+                lambda parts=parts, flat=flat: dist.all_gather(parts, flat),
+            )
+            pieces = [p.cpu() for p in parts]
+            offset = 0
+            for n in names:
+                count, shape = mine[n].numel(), mine[n].shape
+                rows = [p[offset : offset + count].view(shape) for p in pieces]
+                whole = torch.cat(rows)
+                joined[n] = (whole.bool() if arrays[n].dtype == np.bool_ else whole).numpy()
+                offset += count
+        return joined
+
     def shard(self, rows: int) -> slice:
         """This rank's part of ``rows`` records (the caller checked they split evenly)."""
         share = rows // self.size
         return slice(self.rank * share, (self.rank + 1) * share)
 
+    def on_close(self, release: Callable[[], None]) -> None:
+        """Have ``release`` called as the group closes, before it is destroyed: what
+        holds on to the process group (DDP's reducer) lets go of it, so the group's
+        threads are joined there and then, not in the interpreter's exit (where a
+        group still alive aborted a rank, ``terminate called without an active
+        exception``, or hung it)."""
+        self._releases.append(release)
+
     def close(self) -> None:
         """Leave the process group (errors ignored: the run's outcome is decided)."""
+        for release in self._releases:
+            release()
+        self._releases.clear()
+        gc.collect()  # DDP's module and reducer refer to each other
         if dist.is_initialized():
             try:
                 dist.destroy_process_group()

@@ -87,6 +87,11 @@ class Replicated:
         )
         for path in trainable:
             params[path] = self.view(path)
+        self.group.on_close(self.release)  # type: ignore[attr-defined]
+
+    def release(self) -> None:
+        """Let go of DDP (and through it the process group), as the group closes."""
+        self._ddp = None
 
     def view(self, path: str) -> Tensor:
         """A plain tensor aliasing the parameter of ``path``, gradients flowing through."""

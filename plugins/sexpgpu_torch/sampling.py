@@ -57,9 +57,10 @@ class Sampler:
         """The records of ``batch``'s prompts, or ``None`` when ``stopping()`` holds
         before a trip (the records are abandoned)."""
         gen, dev = self.gen, self.device
-        records_n, seq_len = gen.fields["sequence"].shape
+        seq_len = gen.fields["sequence"].shape[1]
         p, n, pad = gen.prompt_length, gen.new_tokens, gen.pad
         repeated = {k: np.repeat(np.asarray(v), gen.samples, axis=0) for k, v in batch.items()}
+        records_n = len(repeated["inputs"])  # the batch's, or a rank's part of it
         prompt = torch.from_numpy(np.ascontiguousarray(repeated["inputs"][:, :p])).to(dev)
         sequence = torch.full((records_n, seq_len), pad, dtype=torch.int64, device=dev)
         sequence[:, :p] = prompt
@@ -146,7 +147,7 @@ class Sampler:
         gen = self.gen
         if self.reward is None:
             reward = np.asarray(gen.verify(arrays), dtype=np.float32)
-            want = gen.fields["reward"].shape
+            want = (len(arrays["sequence"]), *gen.fields["reward"].shape[1:])
             if reward.shape != want:
                 raise ValueError(
                     f"the data source's verifier gave rewards of shape {list(reward.shape)}, "
@@ -159,12 +160,15 @@ class Sampler:
         (reward,) = self.run_graph(self.reward, inputs)
         return reward.detach().float().cpu().numpy()
 
-    def warm_up(self) -> None:
+    def warm_up(self, parts: int = 1) -> None:
         """Run what the trips run (the logits graph, or its two decoding functions) and
-        the reward graph once on zeros (a compiling strategy compiles them now)."""
+        the reward graph once on zeros (a compiling strategy compiles them now), for
+        one of ``parts`` equal parts of the records."""
         gen = self.gen
         zeros = {
-            k: torch.zeros(t.shape, dtype=TORCH_DTYPES[t.dtype], device=self.device)
+            k: torch.zeros(
+                (t.shape[0] // parts, *t.shape[1:]), dtype=TORCH_DTYPES[t.dtype], device=self.device
+            )
             for k, t in gen.fields.items()
         }
         sequence, last = zeros["sequence"], gen.prompt_length - 1

@@ -18,7 +18,7 @@ from its owner (a collective, so every rank exports at the writer's checkpoints)
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 import torch.distributed as dist
@@ -107,13 +107,32 @@ class OwnedStates:
             new[i] = flat[offset : offset + count].view_as(like[i])
             offset += count
 
-    def gather(self, index: int, state: Tensor | None, like: Tensor) -> Tensor:
-        """A state of parameter ``index`` on every rank, from its owner (which passes
-        its own ``state``; the others ``None``)."""
-        owner = self.owner[index]
-        value = state if owner == self.rank else torch.empty_like(like, dtype=torch.float32)
-        assert value is not None
-        self.group.call(  # type: ignore[attr-defined]
-            "gathering the optimizer states", lambda: dist.broadcast(value, src=owner)
-        )
-        return value
+    def gather_states(
+        self, states: Mapping[str, Sequence[Tensor]], like: Sequence[Tensor]
+    ) -> dict[tuple[int, str], Tensor]:
+        """Every state of every trainable parameter, by (index, name), on every rank:
+        ``states`` holds this rank's, a list per name in the order of :attr:`mine`;
+        ``like`` the parameters, for shapes. One broadcast per owner (states are f32)."""
+        names = list(states)
+        whole: dict[tuple[int, str], Tensor] = {}
+        mine = {index: k for k, index in enumerate(self.mine)}
+        for rank in range(self.group.size):  # type: ignore[attr-defined]
+            owned = [i for i, r in enumerate(self.owner) if r == rank]
+            keys = [(i, name) for i in owned for name in names]
+            if not keys:
+                continue
+            if rank == self.rank:
+                flat = torch.cat([states[name][mine[i]].reshape(-1) for i, name in keys])
+            else:
+                count = sum(like[i].numel() for i, _ in keys)
+                flat = torch.empty(count, dtype=torch.float32, device=like[owned[0]].device)
+            self.group.call(  # type: ignore[attr-defined]
+                "gathering the optimizer states",
+                lambda flat=flat, rank=rank: dist.broadcast(flat, src=rank),
+            )
+            offset = 0
+            for i, name in keys:
+                count = like[i].numel()
+                whole[i, name] = flat[offset : offset + count].view(like[i].shape)
+                offset += count
+        return whole

@@ -182,6 +182,7 @@ class TorchTrainer(Trainer):
             ]
             if gen is not None
         }
+        self._shared_generators: frozenset[str] = frozenset()  # what the ranks split (use_group)
         self._decl_by_path: dict[str, ParamDecl] = {d.path: d for d in self.decls}
         self.params: dict[str, Tensor] = {}
         self.ctx.params = self.params  # the same dict for good: graphs read it by path
@@ -215,8 +216,8 @@ class TorchTrainer(Trainer):
                 self.propose(batch, stage=stage, step=first, lr=1e-3)
             for eval_pass in self.program.evals:
                 self.evaluate(eval_pass.name, _zeros(eval_pass.fields))
-            for sampler in self.samplers.values():
-                sampler.warm_up()
+            for name, sampler in self.samplers.items():  # a rank's part while training
+                sampler.warm_up(self.ranks.size if name in self._shared_generators else 1)
         finally:
             self._alone = False
             self.params.clear()
@@ -239,6 +240,11 @@ class TorchTrainer(Trainer):
             raise PluginError("the sharding full is not built yet; shard none or optimizer")
         self.ranks = group
         self.choices[SHARD_CHOICE] = self.shard  # one device has nothing to shard
+        # a stage's generator: each rank makes its part of the records (an eval pass's
+        # generates whole batches, each on the rank that evaluates them)
+        self._shared_generators = frozenset(
+            s.generator.name for s in self.program.stages if s.generator is not None
+        )
         self.replica = Replicated(group, self.device)
         if self.shard == "optimizer":
             sizes = [math.prod(self._decl_by_path[p].type.shape) for p in self.trainable]
@@ -472,8 +478,12 @@ class TorchTrainer(Trainer):
 
         # A frozen parameter read with :load is named by experiment.json, not copied.
         sources = {d.path: self.params[d.path] for d in self.decls if d.trainable or d.load is None}
+        gathered: dict[tuple[int, str], Tensor] = {}
+        if self.owned is not None:  # every state, from the rank that keeps it
+            like = [self.params[path] for path in self.trainable]
+            gathered = self.owned.gather_states(self.states, like)
         state_sources = {
-            f"{path}/{name}": self._whole_state(i, values)
+            f"{path}/{name}": values[i] if self.owned is None else gathered[i, name]
             for i, path in enumerate(self.trainable)
             for name, values in self.states.items()
         }
@@ -495,14 +505,6 @@ class TorchTrainer(Trainer):
             return arrays
 
         return copy_out(sources), copy_out(state_sources)
-
-    def _whole_state(self, index: int, values: Sequence[Tensor]) -> Tensor:
-        """A state of trainable parameter ``index``, from the rank that keeps it."""
-        k = self._state_position(index)
-        if self.owned is None:
-            return values[index]
-        like = self.params[self.trainable[index]]
-        return self.owned.gather(index, None if k is None else values[k], like)
 
     def restore(
         self, params: Mapping[str, np.ndarray], states: Mapping[str, np.ndarray], *, stage: int
@@ -585,13 +587,22 @@ class TorchTrainer(Trainer):
         stopping: Any,
     ) -> dict[str, np.ndarray] | None:
         """The records ``generator`` makes from ``batch``'s prompts (see
-        :mod:`sexpgpu_torch.sampling`); ``None`` when abandoned at a stop. Every rank
-        of several makes the whole batch's records with the same draws, and its step
-        then takes its own part of them."""
+        :mod:`sexpgpu_torch.sampling`); ``None`` when abandoned at a stop.
+
+        A stage's generator on several ranks: each rank makes the records of its own
+        part of the prompts, with draws of its own (the rank joins the draw), and the
+        ranks then exchange them, so each returns the whole batch's records (the run
+        counts them) and its step takes its own part, the one it made."""
         sampler = self.samplers.get(generator.name)
         if sampler is None:
             raise RunError(f"the program has no generator '{generator.name}'")
-        return sampler.records(batch, seed=seed, draw=draw, stopping=stopping)
+        if self.ranks is None or generator.name not in self._shared_generators:
+            return sampler.records(batch, seed=seed, draw=draw, stopping=stopping)
+        part = {name: array[self.ranks.shard(len(array))] for name, array in batch.items()}
+        mine = sampler.records(
+            part, seed=seed, draw=(*draw, "rank", self.ranks.rank), stopping=stopping
+        )
+        return None if mine is None else self.ranks.gather_rows(mine)
 
 
 def _zeros(fields: Mapping[str, Any]) -> dict[str, np.ndarray]:

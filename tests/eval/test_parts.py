@@ -35,7 +35,7 @@ def test_the_hooks_supply_the_runner_and_the_seven_metrics():
 
 
 class FakePass:
-    name, data, batches = "probe", "held", 3
+    name, data, batches, metrics = "probe", "held", 3, ("loss", "ppl")
 
 
 class FakeTrainer:
@@ -78,6 +78,47 @@ def test_the_runner_averages_then_finishes_and_stops_before_a_batch():
         FakePass(), trainer, seed=7, open_data=open_data, stopping=lambda: next(calls)
     )
     assert stopped is None and len(trainer.batches) == 1
+
+
+class HalfOfTwo:
+    """Rank ``rank`` of two: ``sum`` adds ``other`` (the other rank's values), and
+    keeps what this rank sent."""
+
+    def __init__(self, rank, other=None):
+        self.rank, self.size, self.other, self.sent = rank, 2, other, None
+
+    def sum(self, values):
+        self.sent = list(values)
+        return [a + b for a, b in zip(values, self.other or [0.0] * len(values), strict=True)]
+
+
+def test_two_ranks_share_a_pass_out_and_give_one_process_numbers():
+    runner = PassRunner({})
+    alone = runner.run_pass(
+        FakePass(), FakeTrainer(), seed=7, open_data=lambda d, s: Counting(), stopping=lambda: False
+    )
+    second, first = FakeTrainer(), FakeTrainer()
+    one = HalfOfTwo(1)
+    runner.run_pass(
+        FakePass(),
+        second,
+        seed=7,
+        open_data=lambda d, s: Counting(),
+        stopping=lambda: False,
+        group=one,
+    )
+    numbers = runner.run_pass(
+        FakePass(),
+        first,
+        seed=7,
+        open_data=lambda d, s: Counting(),
+        stopping=lambda: False,
+        group=HalfOfTwo(0, other=one.sent),
+    )
+    # rank 0 evaluates batches 0 and 2, rank 1 batch 1; the numbers are one process's
+    assert [int(x) for x in first.batches] == [1, 3]
+    assert [int(x) for x in second.batches] == [2]
+    assert numbers == alone
 
 
 def test_evaluated_json_round_trips_and_a_bad_one_is_refused(tmp_path):
