@@ -23,6 +23,7 @@ way in every process, so a resumed run sums them in the same order.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -56,7 +57,7 @@ class Replicated:
     collectives name a lost peer with ``E-DP-003``.
     """
 
-    def __init__(self, group: object, device: torch.device) -> None:
+    def __init__(self, group: Any, device: torch.device) -> None:
         self.group = group
         self.device = device
         self._ddp: DistributedDataParallel | None = None
@@ -75,7 +76,7 @@ class Replicated:
         self._params = [getattr(holder, f"p{i}") for i in range(len(trainable))]
         self._index = {path: i for i, path in enumerate(trainable)}
         on_cuda = self.device.type == "cuda"
-        self._ddp = self.group.call(  # type: ignore[attr-defined]
+        self._ddp = self.group.call(
             "wrapping the model",
             lambda: DistributedDataParallel(
                 holder,
@@ -87,7 +88,7 @@ class Replicated:
         )
         for path in trainable:
             params[path] = self.view(path)
-        self.group.on_close(self.release)  # type: ignore[attr-defined]
+        self.group.on_close(self.release)
 
     def release(self) -> None:
         """Let go of DDP (and through it the process group), as the group closes."""
@@ -130,9 +131,9 @@ class Replicated:
                 grad = p.grad
                 p.grad = None  # the next step's backward starts from nothing
                 grads.append(grad if grad is not None else torch.zeros_like(p))
-            return mean.div_(self.group.size), grads  # type: ignore[attr-defined]
+            return mean.div_(self.group.size), grads
 
-        return self.group.call("averaging gradients", forward_backward)  # type: ignore[attr-defined]
+        return self.group.call("averaging gradients", forward_backward)
 
     def commit(self, params: MutableMapping[str, Tensor], values: Mapping[str, Tensor]) -> None:
         """Make each of ``values`` (by path) its parameter's storage and refresh the

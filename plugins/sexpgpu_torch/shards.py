@@ -19,6 +19,7 @@ from its owner (a collective, so every rank exports at the writer's checkpoints)
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -60,10 +61,10 @@ class OwnedStates:
     ``group`` is the plugin's :class:`~sexpgpu_torch.distributed.TorchGroup`.
     """
 
-    def __init__(self, group: object, sizes: Sequence[int]) -> None:
+    def __init__(self, group: Any, sizes: Sequence[int]) -> None:
         self.group = group
-        self.rank: int = group.rank  # type: ignore[attr-defined]
-        self.owner = owners(sizes, group.size)  # type: ignore[attr-defined]
+        self.rank: int = group.rank
+        self.owner = owners(sizes, group.size)
         self.mine = [i for i, r in enumerate(self.owner) if r == self.rank]
         """The indices (of the trainable parameters) this rank updates, in order."""
 
@@ -74,7 +75,7 @@ class OwnedStates:
         new: list[Tensor | None] = [None] * len(like)
         for index, value in zip(self.mine, mine, strict=True):
             new[index] = value
-        for rank in range(self.group.size):  # type: ignore[attr-defined]
+        for rank in range(self.group.size):
             by_dtype: dict[torch.dtype, list[int]] = {}
             for index, owner in enumerate(self.owner):
                 if owner == rank:
@@ -96,9 +97,7 @@ class OwnedStates:
         else:
             count = sum(like[i].numel() for i in indices)
             flat = torch.empty(count, dtype=dtype, device=like[indices[0]].device)
-        self.group.call(  # type: ignore[attr-defined]
-            "sharing the updated parameters", lambda: dist.broadcast(flat, src=rank)
-        )
+        self.group.call("sharing the updated parameters", lambda: dist.broadcast(flat, src=rank))
         if rank == self.rank:
             return
         offset = 0
@@ -116,7 +115,7 @@ class OwnedStates:
         names = list(states)
         whole: dict[tuple[int, str], Tensor] = {}
         mine = {index: k for k, index in enumerate(self.mine)}
-        for rank in range(self.group.size):  # type: ignore[attr-defined]
+        for rank in range(self.group.size):
             owned = [i for i, r in enumerate(self.owner) if r == rank]
             keys = [(i, name) for i in owned for name in names]
             if not keys:
@@ -126,7 +125,7 @@ class OwnedStates:
             else:
                 count = sum(like[i].numel() for i, _ in keys)
                 flat = torch.empty(count, dtype=torch.float32, device=like[owned[0]].device)
-            self.group.call(  # type: ignore[attr-defined]
+            self.group.call(
                 "gathering the optimizer states",
                 lambda flat=flat, rank=rank: dist.broadcast(flat, src=rank),
             )

@@ -191,6 +191,7 @@ class TorchTrainer(Trainer):
         self.ranks: Any = None  # the TorchGroup of a data-parallel run (use_group)
         self.replica: Replicated | None = None  # its DDP replica
         self.owned: OwnedStates | None = None  # the parameters it updates (:shard optimizer)
+        self._positions: dict[int, int] = {}  # a trainable index: its place in self.states
         self._alone = False  # warming up: no collective, whatever the ranks
 
     def warm_up(self) -> float | None:
@@ -234,8 +235,9 @@ class TorchTrainer(Trainer):
         """Train as one rank of ``group`` (a :class:`sexpgpu_torch.distributed.TorchGroup`):
         each step takes this rank's part of the global batch and averages the
         gradients across the ranks (DDP); with ``shard`` ``optimizer`` it updates
-        only the parameters it owns (:mod:`sexpgpu_torch.shards`). Dropout draws from a seed of its own per rank,
-        so the ranks' masks are not the same for their different records."""
+        only the parameters it owns (:mod:`sexpgpu_torch.shards`). Dropout draws
+        from a seed of its own per rank, so the ranks' masks are not the same for
+        their different records."""
         if self.shard == "full":
             raise PluginError("the sharding full is not built yet; shard none or optimizer")
         self.ranks = group
