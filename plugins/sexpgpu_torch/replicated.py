@@ -115,25 +115,24 @@ class Replicated:
         (zeros where the loss does not reach one), from ``run``, which computes this
         rank's loss from ``ctx.params``."""
         assert self._ddp is not None
-        ddp = self._ddp
+        loss = self._ddp(run)  # this rank's forward: an error in it is its own, not the group's
+        mean = loss.detach().clone()
 
-        def forward_backward() -> tuple[Tensor, list[Tensor]]:
-            loss = ddp(run)
-            mean = loss.detach().clone()
-            # the loss's all-reduce goes first, before DDP's buckets, in the same
-            # order on every rank; it is waited for once the gradients are in
+        def exchange() -> None:
+            # the loss's all-reduce goes first, before DDP's buckets, in the same order
+            # on every rank; it is waited for once the gradients are in
             pending = dist.all_reduce(mean, async_op=True)
             if loss.requires_grad:
                 loss.backward()
             pending.wait()
-            grads = []
-            for p in self._params:
-                grad = p.grad
-                p.grad = None  # the next step's backward starts from nothing
-                grads.append(grad if grad is not None else torch.zeros_like(p))
-            return mean.div_(self.group.size), grads
 
-        return self.group.call("averaging gradients", forward_backward)
+        self.group.call("averaging gradients", exchange)
+        grads = []
+        for p in self._params:
+            grad = p.grad
+            p.grad = None  # the next step's backward starts from nothing
+            grads.append(grad if grad is not None else torch.zeros_like(p))
+        return mean.div_(self.group.size), grads
 
     def commit(self, params: MutableMapping[str, Tensor], values: Mapping[str, Tensor]) -> None:
         """Make each of ``values`` (by path) its parameter's storage and refresh the
