@@ -103,9 +103,13 @@ class Worker:
 
     def finish(self, code: int, message: str | None) -> tuple[int, str | None]:
         """The exit code and the line this rank ends with. Rank 0 says how the run
-        ended; another rank only that it lost the group. Interrupted under this
-        launcher, every rank exits 0 (no restart) and rank 0 leaves the code."""
+        ended; another rank only that it lost the group, or what failed in it alone
+        (an op or a bug: its line names the traceback it kept), named by its rank.
+        Interrupted under this launcher, every rank exits 0 (no restart) and rank 0
+        leaves the code."""
         shown = message if self.rank == 0 or (message and "E-DP-003" in message) else None
+        if self.rank != 0 and message and "(traceback in " in message:
+            shown = f"rank {self.rank}: {message}"
         if code > 128 and self.folder is not None:
             if self.rank == 0:
                 (self.folder / OUTCOME).write_text(json.dumps({"exit_code": code}))

@@ -66,8 +66,7 @@ def run(options: RunOptions, catalog: Catalog) -> RunOutcome:
     used; called as a library, the run takes the signals itself and gives them back."""
     watch = process_watch()
     owned = watch is None
-    if watch is None:
-        watch = StopWatch()
+    watch = watch or StopWatch()
     active = Run(catalog)
     try:
         try:
@@ -265,11 +264,12 @@ class Run:
             self._report_unreported(failing=True)
             self.reporter.close()
             line = f"{type(error).__name__}: {error}".splitlines()[0]
-            where = self.outputs.run_dir
-            with open(os.path.join(where, "traceback.txt"), "w") as f:
+            name = "traceback.txt" if self.group.is_writer else f"traceback-{self.group.rank}.txt"
+            os.makedirs(self.outputs.run_dir, exist_ok=True)
+            with open(where := os.path.join(self.outputs.run_dir, name), "w") as f:
                 traceback.print_exc(file=f)
             at = self.failing_as or f"step {self.step + 1}"
-            return self._failed(f"{at}: {line} (traceback in {where}/traceback.txt)")
+            return self._failed(f"{at}: {line} (traceback in {where})")
 
     def _guard(self, proposal: Any) -> None:
         """The finite guard: refuse a proposal with a value that is not finite. The

@@ -147,6 +147,12 @@ def test_a_second_sigterm_ends_the_launcher_and_every_worker_at_once(tmp_path):
     # The stop's checkpoint takes minutes to write, so only the second SIGTERM can
     # end the run within the bound: the orderly stop never finishes.
     root = project(tmp_path / "run")
+    # the stop's checkpoint alone: a run past its step-20 checkpoint (a loaded machine
+    # reads the events late) would wait for that slow write before it could stop
+    program = root / "dp.sx"
+    program.write_text(
+        program.read_text().replace(":checkpoint-every 20", ":checkpoint-every 100000")
+    )
     env = sexpgpu_env(PYTHONPATH=str(slow_writes_plugin(tmp_path)), SLOW_WRITE_SECONDS="300")
     target = f"slowwrite://{root / 'ckpt'}"
     args = run_args("--devices", "2", "--checkpoint-dir", target, steps=STEPS * 100)
