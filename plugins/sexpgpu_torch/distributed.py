@@ -167,14 +167,11 @@ class TorchGroup:
                 "exchanging generated records",
                 lambda parts=parts, flat=flat: dist.all_gather(parts, flat),
             )
-            pieces = [p.cpu() for p in parts]
-            offset = 0
-            for n in names:
-                count, shape = mine[n].numel(), mine[n].shape
-                rows = [p[offset : offset + count].view(shape) for p in pieces]
-                whole = torch.cat(rows)
+            counts = [mine[n].numel() for n in names]
+            by_rank = [part.cpu().split(counts) for part in parts]
+            for k, n in enumerate(names):
+                whole = torch.cat([pieces[k].view(mine[n].shape) for pieces in by_rank])
                 joined[n] = (whole.bool() if arrays[n].dtype == np.bool_ else whole).numpy()
-                offset += count
         return joined
 
     def shard(self, rows: int) -> slice:

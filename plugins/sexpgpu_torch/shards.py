@@ -67,6 +67,8 @@ class OwnedStates:
         self.owner = owners(sizes, group.size)
         self.mine = [i for i, r in enumerate(self.owner) if r == self.rank]
         """The indices (of the trainable parameters) this rank updates, in order."""
+        self.position = {index: k for k, index in enumerate(self.mine)}
+        """Where each of :attr:`mine` is in this rank's lists (its states, its updates)."""
 
     def share(self, mine: Sequence[Tensor], like: Sequence[Tensor]) -> list[Tensor]:
         """Every trainable parameter's new value: ``mine`` (this rank's, in the order of
@@ -100,11 +102,8 @@ class OwnedStates:
         self.group.call("sharing the updated parameters", lambda: dist.broadcast(flat, src=rank))
         if rank == self.rank:
             return
-        offset = 0
-        for i in indices:
-            count = like[i].numel()
-            new[i] = flat[offset : offset + count].view_as(like[i])
-            offset += count
+        for i, piece in zip(indices, flat.split([like[i].numel() for i in indices]), strict=True):
+            new[i] = piece.view_as(like[i])
 
     def gather_states(
         self, states: Mapping[str, Sequence[Tensor]], like: Sequence[Tensor]
@@ -114,14 +113,13 @@ class OwnedStates:
         ``like`` the parameters, for shapes. One broadcast per owner (states are f32)."""
         names = list(states)
         whole: dict[tuple[int, str], Tensor] = {}
-        mine = {index: k for k, index in enumerate(self.mine)}
         for rank in range(self.group.size):
             owned = [i for i, r in enumerate(self.owner) if r == rank]
             keys = [(i, name) for i in owned for name in names]
             if not keys:
                 continue
             if rank == self.rank:
-                flat = torch.cat([states[name][mine[i]].reshape(-1) for i, name in keys])
+                flat = torch.cat([states[name][self.position[i]].reshape(-1) for i, name in keys])
             else:
                 count = sum(like[i].numel() for i, _ in keys)
                 flat = torch.empty(count, dtype=torch.float32, device=like[owned[0]].device)
@@ -129,9 +127,7 @@ class OwnedStates:
                 "gathering the optimizer states",
                 lambda flat=flat, rank=rank: dist.broadcast(flat, src=rank),
             )
-            offset = 0
-            for i, name in keys:
-                count = like[i].numel()
-                whole[i, name] = flat[offset : offset + count].view(like[i].shape)
-                offset += count
+            pieces = flat.split([like[i].numel() for i, _ in keys])
+            for (i, name), piece in zip(keys, pieces, strict=True):
+                whole[i, name] = piece.view(like[i].shape)
         return whole

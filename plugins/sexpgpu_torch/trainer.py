@@ -191,7 +191,6 @@ class TorchTrainer(Trainer):
         self.ranks: Any = None  # the TorchGroup of a data-parallel run (use_group)
         self.replica: Replicated | None = None  # its DDP replica
         self.owned: OwnedStates | None = None  # the parameters it updates (:shard optimizer)
-        self._positions: dict[int, int] = {}  # a trainable index: its place in self.states
         self._alone = False  # warming up: no collective, whatever the ranks
 
     def warm_up(self) -> float | None:
@@ -251,7 +250,6 @@ class TorchTrainer(Trainer):
         if self.shard == "optimizer":
             sizes = [math.prod(self._decl_by_path[p].type.shape) for p in self.trainable]
             self.owned = OwnedStates(group, sizes)
-            self._positions = {index: k for k, index in enumerate(self.owned.mine)}
         self.ctx.seed = derive_seed(self.program.run.seed, "rank", group.rank)
 
     # -- parameters
@@ -372,7 +370,7 @@ class TorchTrainer(Trainer):
         (``None``: another rank keeps them)."""
         if self.owned is None:
             return index
-        return self._positions.get(index)
+        return self.owned.position.get(index)
 
     def _stage_loss(self, stage: int) -> Tensor:
         if self.autocast:
