@@ -5,8 +5,8 @@ Two workloads, both ``examples/tiny-lm.sx --set dim=256 --set layers=4``
 step), and the same model with a global batch of 256 (4096 tokens a step), a
 copy of the file in a temporary folder with only ``:batch`` changed. Each is
 trained through ``sexpgpu run``, on one rank with one thread and with
-``--devices 2`` (two ranks, one thread each) under ``--shard none`` and
-``--shard optimizer``, alternating, ``--repeats`` times.
+``--devices 2`` (two ranks, one thread each) under ``--shard none``,
+``--shard optimizer`` and ``--shard full``, alternating, ``--repeats`` times.
 Throughput comes from the run's own metrics: the global ``tokens`` counter over
 the wall time between the ``--skip``-th step and the last, so start-up
 (imports, rendezvous) is left out. The stall is each checkpoint annotation's
@@ -15,7 +15,7 @@ ranks, rank 0's wait is every rank's, since the next all-reduce waits for it).
 Prints the median, fastest and slowest of each and the ratio of the medians
 (goal: >= 1.6), and a 2-rank step taken apart: its forward and backward passes
 on half the batch (measured, two processes at once), the update (measured on
-the whole model in one process; half of it under ``optimizer``), and the rest,
+the whole model in one process; half of it under ``optimizer`` and ``full``), and the rest,
 mostly the gradients' exchange that the backward pass did not hide (derived).
 
 Two more figures say what bounds the ratio on this machine:
@@ -202,7 +202,7 @@ def measure(name: str, root: Path, repeats: int) -> int:
     """Every figure of one workload, printed; returns the parameter count."""
     batch, steps, skip, every = WORKLOADS[name]
     program = program_with_batch(root, batch)
-    configs = [(1, "none"), (2, "none"), (2, "optimizer")]
+    configs = [(1, "none"), (2, "none"), (2, "optimizer"), (2, "full")]
     rates: dict[tuple, list[float]] = {c: [] for c in configs}
     stalls: dict[tuple, list[float]] = {c: [] for c in configs}
     elements = 0
@@ -234,7 +234,7 @@ def measure(name: str, root: Path, repeats: int) -> int:
         # mostly the gradients' exchange not hidden behind the backward pass
         step_ms = batch * 16 / rate * 1000
         update = whole_ms - whole_passes
-        update = update / 2 if shard == "optimizer" else update
+        update = update / 2 if shard in ("optimizer", "full") else update
         rest = step_ms - half_passes - update
         print(
             f"{label} shard {shard}: a step {step_ms:.1f} ms = passes {half_passes:.1f} + "

@@ -9,6 +9,7 @@ any lowering's tensor type, so that every lowering follows the same ones.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -67,13 +68,10 @@ def module_missing(module: str, hint: str) -> str | None:
     """
     if sys.modules.get(module) is not None:  # None there means "blocked": missing
         return None
-    try:
-        spec = importlib.util.find_spec(module)
-    except (ImportError, ValueError):
-        spec = None
-    if spec is None:
-        return f"{module} is not installed: {hint}"
-    return None
+    with contextlib.suppress(ImportError, ValueError):
+        if importlib.util.find_spec(module) is not None:
+            return None
+    return f"{module} is not installed: {hint}"
 
 
 # ---------------------------------------------------------------- lowerings
@@ -109,6 +107,10 @@ class Trainer(Protocol):
     exports_together: bool = False
     """True when ``export`` is a collective (it gathers sharded tensors): every rank
     then calls it at each of the writer's checkpoints, and only the writer keeps it."""
+
+    evaluates_together: bool = False
+    """True when ``evaluate`` and ``generate`` are collectives (gathering sharded
+    parameters): every rank then runs every batch of an eval pass."""
 
     def use_group(self, group: RankGroup) -> None:
         """Train as one rank of ``group``: called once, before ``warm_up`` and before
@@ -503,7 +505,9 @@ class MetricsSinkInfo:
 
 
 class DataLoader(Protocol):
-    """An open data source: yields batches and can say and restore where it is."""
+    """An open data source: yields batches and can say and restore where it is. One
+    may also build a block of a batch's rows alone (``next_part(part, parts)``, moving
+    as ``next_batch`` does): each rank of several then reads only its own."""
 
     def next_batch(self) -> dict[str, np.ndarray]:
         """The next batch, one array per field declared by the source's ``fields``."""

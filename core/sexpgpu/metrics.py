@@ -16,6 +16,7 @@ it is written again, so a collector deduplicates by the event's ``id``.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import secrets
 import threading
@@ -77,10 +78,8 @@ def open_sinks(
                 ) from None
     except BaseException:
         for sink in opened:
-            try:
+            with contextlib.suppress(Exception):  # failing already: the first error is reported
                 sink.close()
-            except Exception:  # already failing: the first error is the one to report
-                pass
         raise
     return opened
 

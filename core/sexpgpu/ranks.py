@@ -1,23 +1,22 @@
 """The ranks of a run: one process alone, or one of several a launcher started.
 
-A run asks :func:`join_group` for its group before it reads a checkpoint, since
-the device and node counts it records and compares (``E-DP-002``) are the
-group's. One process alone gets :data:`SOLO`, whose answers need no other
-process: a run on one device does exactly what it did before there were groups.
-Several ranks get the group a lowering's ``LoweringInfo.group`` joins (the torch
-plugin's is ``torch.distributed``); this module never imports one.
-"""
+A run asks :func:`join_group` for its group before it reads a checkpoint, since the device and
+node counts it records and compares (``E-DP-002``) are the group's. One process alone gets
+:data:`SOLO`, whose answers need no other process: a run on one device does exactly what it did
+before there were groups. Several ranks get the group a lowering's ``LoweringInfo.group`` joins
+(the torch plugin's is ``torch.distributed``); this module never imports one."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sexpgpu.errors import PluginError, RunError, UsageError
-from sexpgpu.extension import RankGroup, Trainer
+from sexpgpu.extension import DataLoader, RankGroup, Trainer
 from sexpgpu.lang.ir import Program
 
 if TYPE_CHECKING:
@@ -103,11 +102,21 @@ def check_batches(program: Program, group: RankGroup) -> None:
             )
 
 
+def next_part(loader: DataLoader, group: RankGroup) -> dict[str, Any]:
+    """This rank's rows of the loader's next global batch (all of it on one rank):
+    built alone by a loader that can (``next_part``), else cut from the whole."""
+    if group.size == 1:
+        return loader.next_batch()
+    if hasattr(loader, "next_part"):
+        return loader.next_part(group.rank, group.size)
+    batch = loader.next_batch()
+    rank, share = group.rank, len(next(iter(batch.values()))) // group.size
+    return {name: rows[rank * share : (rank + 1) * share] for name, rows in batch.items()}
+
+
 def replica_digest(trainer: Trainer) -> bytes:
     """The sha256 of every parameter and optimizer state the trainer holds, by name:
     what the ranks compare to prove they hold the same model, to the byte."""
-    import hashlib
-
     digest = hashlib.sha256()
     for tensors in trainer.export(reuse=True):  # the last checkpoint is stored: its buffers
         for name in sorted(tensors):

@@ -183,9 +183,7 @@ def recorded_choices(experiment: Mapping[str, Any], catalog: Catalog) -> dict[st
 def state_names_for(program: Program, stage: int, catalog: Catalog) -> dict[str, tuple[str, ...]]:
     """Each parameter's optimizer state names in ``stage`` (none for frozen ones)."""
     decl = program.stages[stage].optimizer
-    info = catalog.optimizers().get(decl.name)
-    if info is None:
-        raise PluginError(f"no installed plugin supplies the optimizer '{decl.name}'")
+    info = catalog.optimizers()[decl.name]  # the compiler found it in this catalog
     names = tuple(info.state_names(decl.options))
     return {p.path: (names if p.trainable else ()) for p in program.params}
 

@@ -31,6 +31,7 @@ after an Interrupted was dropped (a ``__del__``), the watcher sends the signal a
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
@@ -222,12 +223,10 @@ class StopWatch:
     def _forget_in_child(self) -> None:
         # A forked child is not the run: its signals must neither reach this
         # process's pipe (they would count as ours) nor be held back from it.
-        try:
+        with contextlib.suppress(ValueError):  # forked from a thread: not the child's main one
             signal.set_wakeup_fd(-1)
             for signum, handler in self._previous.items():
                 signal.signal(signum, handler)  # type: ignore[arg-type]
-        except ValueError:  # forked from a thread the child does not count as its main one
-            pass
         for fd in self._fds:
             os.close(fd)
         self._previous, self._fds, self._thread = {}, (), None

@@ -11,6 +11,7 @@ nothing more: its file keeps reading ``running``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -95,22 +96,16 @@ class StatusFile:
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            try:
-                view = memoryview(data.encode("utf-8"))
-                while view:
-                    view = view[os.write(fd, view) :]
+            with open(tmp, "wb") as f:
+                f.write(data.encode("utf-8"))
+                f.flush()
                 # fsync before the rename: after a crash the file is the old
                 # one or the new one, never an empty one.
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+                os.fsync(f.fileno())
             os.replace(tmp, self.path)
         except OSError as exc:
-            try:
+            with contextlib.suppress(OSError):
                 tmp.unlink(missing_ok=True)
-            except OSError:
-                pass
             if self.unwritten is None:
                 from sexpgpu.log import get_logger
 

@@ -1,12 +1,11 @@
 """The training loop: open the work, train step by step, checkpoint, stop.
 
 Read it top to bottom: :func:`run` opens a run (:meth:`Run.set_up`, through a
-:class:`~sexpgpu.session.Session`) and trains it (:meth:`Run.train`). A step takes a
-batch, lets the trainer propose new parameters and states, checks the proposal when
-the finite guard is on, and commits it; counters and the step advance only on commit.
-Checkpoints go to a :class:`~sexpgpu.checkpoint.checkpointer.Checkpointer` (snapshot
-here, written in the background); what a person sees, to the :class:`Reporter`.
-"""
+:class:`~sexpgpu.session.Session`) and trains it (:meth:`Run.train`). A step takes a batch, lets
+the trainer propose new parameters and states, checks the proposal when the finite guard is on,
+and commits it; counters and the step advance only on commit. Checkpoints go to a
+:class:`~sexpgpu.checkpoint.checkpointer.Checkpointer` (snapshot here, written in the
+background); what a person sees, to the :class:`Reporter`."""
 
 from __future__ import annotations
 
@@ -17,12 +16,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from sexpgpu.errors import CheckpointError, RunError, SexpError, StorageError, UsageError
+from sexpgpu.errors import CheckpointError, RunError, SexpError, StorageError
 from sexpgpu.extension import RankGroup
 from sexpgpu.lang.schedule import lr_at
 from sexpgpu.log import get_logger
 from sexpgpu.outputs import Quiet, Reporter
-from sexpgpu.ranks import SOLO, StopAgreement, check_batches, check_replicas, join_group
+from sexpgpu.ranks import SOLO, StopAgreement, check_batches, check_replicas, join_group, next_part
 from sexpgpu.session import Selection, Session, Target, evaluator, open_loader
 from sexpgpu.signals import StopWatch, interruption, process_watch
 
@@ -176,11 +175,6 @@ class Run:
         decl = self.program.stages[stage].data
         self.loader_info, self.loader = open_loader(self.catalog, decl, self.program.run.seed)
         self.loader_stage = stage
-        if "tokens" in self.counters and self.loader_info.tokens_field is None:
-            raise UsageError(
-                f"{decl.pos}: the data source '{decl.source}' has no token field, "
-                "so the counter 'tokens' cannot be kept; count records instead"
-            )
 
     # ------------------------------------------------------------------ loop
 
@@ -210,7 +204,7 @@ class Run:
                     self._open_stage_loader(stage)
                 decl = program.stages[stage]
                 given = self.loader.position() if decl.generator else None
-                batch = self.loader.next_batch()
+                batch = next_part(self.loader, self.group)  # this rank's rows of it
                 if decl.generator:
                     batch = self.trainer.generate(
                         decl.generator,
@@ -309,15 +303,17 @@ class Run:
         self.status.progress(step)
 
     def _count(self, batch: Mapping[str, Any]) -> None:
-        first = next(iter(batch.values()))
-        records = int(first.shape[0]) if getattr(first, "shape", ()) else 1
+        # this rank's part of the step's batch: the ranks' parts are of one size
+        first, size = next(iter(batch.values())), self.group.size
+        records = (int(first.shape[0]) if getattr(first, "shape", ()) else 1) * size
         self.records += records
         if "records" in self.counters:
             self.counters["records"] += records
         if "tokens" in self.counters:
-            self.counters["tokens"] += int(batch[self.loader_info.tokens_field].size)
+            self.counters["tokens"] += int(batch[self.loader_info.tokens_field].size) * size
         if "generated" in self.counters and "completion-mask" in batch:
-            self.counters["generated"] += int(batch["completion-mask"].sum())
+            made = float(batch["completion-mask"].sum())
+            self.counters["generated"] += int(self.group.sum([made])[0])
 
     def _maybe_evaluate(self, step: int) -> None:
         due = [p.name for p in self.program.evals if p.every and step % p.every == 0]

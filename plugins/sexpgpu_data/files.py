@@ -66,9 +66,15 @@ class EpochLoader:
 
     def next_batch(self) -> dict[str, np.ndarray]:
         """The next batch of the current epoch; moves to the next epoch after its last batch."""
+        return self.next_part(0, 1)
+
+    def next_part(self, part: int, parts: int) -> dict[str, np.ndarray]:
+        """Block ``part`` of ``parts`` equal blocks of the next batch's rows, the only
+        items read (a rank of several builds its own); moves as ``next_batch`` does."""
         order = self._order_for(self._epoch)
         picked = order[self._index * self._batch : (self._index + 1) * self._batch]
-        batch = self._take(picked)
+        share = len(picked) // parts
+        batch = self._take(picked[part * share : (part + 1) * share])
         self._index += 1
         if self._index >= self.batches_per_epoch:
             self._epoch, self._index = self._epoch + 1, 0

@@ -19,11 +19,10 @@ from __future__ import annotations
 import gc
 import os
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any, TypeVar
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -149,35 +148,6 @@ class TorchGroup:
         total = torch.tensor(list(values), dtype=torch.float64, device=self._tensor_device)
         self._reduce("summing", total)
         return total.tolist()
-
-    def gather_rows(self, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Every rank's ``arrays`` (the same names and shapes on each), joined along
-        their first axis in rank order: one all-gather per dtype."""
-        by_dtype: dict[torch.dtype, list[str]] = {}
-        mine = {}
-        for name in sorted(arrays):
-            t = torch.from_numpy(np.ascontiguousarray(arrays[name]))
-            mine[name] = t.to(torch.uint8) if t.dtype == torch.bool else t  # gloo sends no bool
-            by_dtype.setdefault(mine[name].dtype, []).append(name)
-        joined = {}
-        for names in by_dtype.values():
-            flat = torch.cat([mine[n].reshape(-1) for n in names]).to(self._tensor_device)
-            parts = [torch.empty_like(flat) for _ in range(self.size)]
-            self.call(
-                "exchanging generated records",
-                lambda parts=parts, flat=flat: dist.all_gather(parts, flat),
-            )
-            counts = [mine[n].numel() for n in names]
-            by_rank = [part.cpu().split(counts) for part in parts]
-            for k, n in enumerate(names):
-                whole = torch.cat([pieces[k].view(mine[n].shape) for pieces in by_rank])
-                joined[n] = (whole.bool() if arrays[n].dtype == np.bool_ else whole).numpy()
-        return joined
-
-    def shard(self, rows: int) -> slice:
-        """This rank's part of ``rows`` records (the caller checked they split evenly)."""
-        share = rows // self.size
-        return slice(self.rank * share, (self.rank + 1) * share)
 
     def on_close(self, release: Callable[[], None]) -> None:
         """Have ``release`` called as the group closes, before it is destroyed: what

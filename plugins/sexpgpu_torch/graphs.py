@@ -35,9 +35,11 @@ Tensor = torch.Tensor
 
 class Ctx:
     """What a running graph reads besides its values: live parameters, the step,
-    whether it trains (dropout), the seed and the device."""
+    whether it trains (dropout), the seed and the device; ``units``, set while a
+    run's parameters are fully sharded (:mod:`sexpgpu_torch.fully_sharded`), runs
+    each iteration of a repeat through the module that gathers its parameters."""
 
-    __slots__ = ("params", "inputs", "step", "training", "seed", "device")
+    __slots__ = ("params", "inputs", "step", "training", "seed", "device", "units")
 
     def __init__(self, seed: int, device: torch.device) -> None:
         self.params: dict[str, Tensor] = {}
@@ -46,6 +48,7 @@ class Ctx:
         self.training = False
         self.seed = seed
         self.device = device
+        self.units: Any = None
 
     def dropout_mask(
         self, shape: Sequence[int], keep: float, key: int, iteration: int | None
@@ -238,6 +241,9 @@ class GraphCompiler:
         paths = [tuple(s) for s in slots[:count]]
 
         def repeat(carry: Tensor) -> Tensor:
+            if ctx.units is not None:  # each iteration's parameters gathered by its unit
+                through = ctx.units.body(run_body, paths)
+                return kernel(through, carry, [Slots((), i) for i in range(len(paths))])
             params = ctx.params
             per_iter = [Slots([params[p] for p in ps], i) for i, ps in enumerate(paths)]
             return kernel(run_body, carry, per_iter)

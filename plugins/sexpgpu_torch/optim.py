@@ -75,6 +75,8 @@ class SGD(Update):
     """SGD as torch.optim.SGD computes it (dampening 0): L2 decay into the gradient,
     ``buf = momentum * buf + g``, nesterov ``g + momentum * buf``."""
 
+    elementwise = True  # each element from the same element alone: slices update alike
+
     def names(self, options: Mapping[str, Any]) -> tuple[str, ...]:
         return ("momentum",) if float(options.get("momentum", 0.0)) > 0 else ()
 
@@ -113,6 +115,7 @@ class Adam(Update):
 
     state_names = ("m", "v")
     decoupled = False
+    elementwise = True  # each element from the same element alone: slices update alike
 
     def propose(self, params, grads, states, *, lr, count, options, decay):
         beta1 = float(options.get("beta1", 0.9))
@@ -155,12 +158,21 @@ UPDATES: dict[str, Callable[[], OptimizerUpdate]] = {"sgd": SGD, "adam": Adam, "
 """The built-in updates by optimizer name."""
 
 
-def clip_by_global_norm(grads: list[Tensor], max_norm: float) -> None:
+def clip_by_global_norm(
+    grads: list[Tensor],
+    max_norm: float,
+    norm_sq: Callable[[Sequence[Tensor]], Tensor] | None = None,
+) -> None:
     """Scale ``grads`` in place so their global L2 norm is at most ``max_norm``,
-    as torch.nn.utils.clip_grad_norm_ does, without a host sync."""
+    as torch.nn.utils.clip_grad_norm_ does, without a host sync. ``norm_sq``, when
+    given, says the squared norm of the whole gradients of which ``grads`` are a
+    part (the slices of ``:shard full``)."""
     if not grads:
         return
-    norms = torch._foreach_norm(grads, 2.0)
-    total = torch.linalg.vector_norm(torch.stack([n.float() for n in norms]), 2.0)
+    if norm_sq is not None:
+        total = norm_sq(grads).sqrt()
+    else:
+        norms = torch._foreach_norm(grads, 2.0)
+        total = torch.linalg.vector_norm(torch.stack([n.float() for n in norms]), 2.0)
     coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
     torch._foreach_mul_(grads, coef)

@@ -16,7 +16,6 @@ needs no saved counter and survives a resume.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -25,7 +24,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from sexpgpu.choices import SHARD_CHOICE
 from sexpgpu.errors import CheckpointError, PluginError, RunError
 from sexpgpu.extension import KernelInfo, OpInfo, OptimizerInfo, OptimizerUpdate, Trainer
 from sexpgpu.kernels import recorded
@@ -36,11 +34,9 @@ from sexpgpu_torch.dtypes import TORCH_DTYPES
 from sexpgpu_torch.graphs import compile_graph
 from sexpgpu_torch.initializers import init_tensor
 from sexpgpu_torch.optim import clip_by_global_norm
-from sexpgpu_torch.replicated import Replicated
-from sexpgpu_torch.rng import derive_seed
 from sexpgpu_torch.sampling import Sampler, choose
-from sexpgpu_torch.shards import OwnedStates
 from sexpgpu_torch.strategy import GraphFn, Strategy
+from sexpgpu_torch.trainer_ranks import RankedTraining
 
 Tensor = torch.Tensor
 
@@ -100,7 +96,7 @@ def _state_groups(program: Program) -> tuple[list[int], list[int]]:
     return group, group_start
 
 
-class TorchTrainer(Trainer):
+class TorchTrainer(RankedTraining, Trainer):
     """The :class:`sexpgpu.extension.Trainer` of both torch lowerings: ``strategy``
     decides how its graphs and updates run (:mod:`sexpgpu_torch.strategy`).
 
@@ -128,17 +124,12 @@ class TorchTrainer(Trainer):
         self.reads_loss_late = strategy.reads_loss_late
         self.ctx = strategy.context(program.run.seed, self.device)
         self.autocast = strategy.autocasts(program.run.precision, self.device)
-        fns = {site: k.factory() for site, k in chosen.items()}
-        inline = frozenset(site for site, k in chosen.items() if k.inline)
+        self._fns = {site: k.factory() for site, k in chosen.items()}
+        self._ops = ops
         self.decls = list(program.params)
         self.trainable = [d.path for d in self.decls if d.trainable]
         self._export_buffers: dict[tuple, dict[str, np.ndarray]] = {}
-
-        def graph(g: Graph) -> GraphFn:
-            return compile_graph(g, self.ctx, fns, self.device, inline, ops)
-
-        # Stages: compiled loss, optimizer update, state group.
-        self.stage_loss = [strategy.stage_loss(graph(s.loss), self.ctx) for s in program.stages]
+        self._compile_graphs(frozenset(site for site, k in chosen.items() if k.inline))
         self.updates: list[tuple[OptimizerUpdate, dict[str, Any]]] = []
         self.state_names: list[tuple[str, ...]] = []
         self.optimizer_infos: list[OptimizerInfo] = []
@@ -161,10 +152,27 @@ class TorchTrainer(Trainer):
         for _, options in self.updates:
             skip = set(options.get("no_decay_tags", ()) or ())
             self.decay.append([not (skip & set(d.tags)) for d in self.decls if d.trainable])
-        self.evals = {e.name: (e, strategy.evaluation(graph(e.graph))) for e in program.evals}
         self.fields = [
             {name: TORCH_DTYPES[t.dtype] for name, t in s.fields.items()} for s in program.stages
         ]
+        self._shared_generators: frozenset[str] = frozenset()  # what the ranks split (use_group)
+        self._decl_by_path: dict[str, ParamDecl] = {d.path: d for d in self.decls}
+        self.params: dict[str, Tensor] = {}
+        self.ctx.params = self.params  # the same dict for good: graphs read it by path
+        self.states: dict[str, list[Tensor]] = {}
+        self.current_group: int | None = None
+
+    def _compile_graphs(self, inline: frozenset[str]) -> None:
+        """Compile every graph of the program: the stages' losses, the eval passes and
+        the generators; the repeats at the ``inline`` sites emitted iteration by
+        iteration."""
+        program, strategy, fns, ops = self.program, self.strategy, self._fns, self._ops
+
+        def graph(g: Graph) -> GraphFn:
+            return compile_graph(g, self.ctx, fns, self.device, inline, ops)
+
+        self.stage_loss = [strategy.stage_loss(graph(s.loss), self.ctx) for s in program.stages]
+        self.evals = {e.name: (e, strategy.evaluation(graph(e.graph))) for e in program.evals}
         self.samplers = {
             gen.name: Sampler(
                 gen,
@@ -182,16 +190,6 @@ class TorchTrainer(Trainer):
             ]
             if gen is not None
         }
-        self._shared_generators: frozenset[str] = frozenset()  # what the ranks split (use_group)
-        self._decl_by_path: dict[str, ParamDecl] = {d.path: d for d in self.decls}
-        self.params: dict[str, Tensor] = {}
-        self.ctx.params = self.params  # the same dict for good: graphs read it by path
-        self.states: dict[str, list[Tensor]] = {}
-        self.current_group: int | None = None
-        self.ranks: Any = None  # the TorchGroup of a data-parallel run (use_group)
-        self.replica: Replicated | None = None  # its DDP replica
-        self.owned: OwnedStates | None = None  # the parameters it updates (:shard optimizer)
-        self._alone = False  # warming up: no collective, whatever the ranks
 
     def warm_up(self) -> float | None:
         """Compile every stage's loss, backward and update, and every eval pass, now, as
@@ -202,7 +200,9 @@ class TorchTrainer(Trainer):
 
     def _run_every_graph_on_stand_ins(self) -> None:
         """One step of each stage and one batch of each eval pass on zeros (valid ids
-        for every table, the shapes the run will feed); no parameter or state is left."""
+        for every table, the shapes the run will feed); no parameter or state is left
+        (under ``:shard full`` the slices are made here, of zeros, and the run's own
+        values then copied in)."""
         for decl in self.decls:
             t = torch.zeros(
                 decl.type.shape, dtype=TORCH_DTYPES[decl.type.dtype], device=self.device
@@ -210,53 +210,30 @@ class TorchTrainer(Trainer):
             self.params[decl.path] = t.requires_grad_(decl.trainable)
         self._alone = True
         try:
-            for stage, decl in enumerate(self.program.stages):
-                batch = _zeros(decl.fields)
+            parts = self.ranks.size if self.ranks is not None else 1
+            for stage, decl in enumerate(self.program.stages):  # a rank's part of a batch
+                batch = {name: a[: len(a) // parts] for name, a in _zeros(decl.fields).items()}
                 first = self.group_start[stage] + 1
                 self.propose(batch, stage=stage, step=first, lr=1e-3)
             for eval_pass in self.program.evals:
                 self.evaluate(eval_pass.name, _zeros(eval_pass.fields))
             for name, sampler in self.samplers.items():  # a rank's part while training
-                sampler.warm_up(self.ranks.size if name in self._shared_generators else 1)
+                with self._whole():
+                    sampler.warm_up(self.ranks.size if name in self._shared_generators else 1)
         finally:
             self._alone = False
             self.params.clear()
             self.states = {}
             self.current_group = None
 
-    @property
-    def exports_together(self) -> bool:
-        """Whether ``export`` is a collective of the ranks: with sharded states it
-        gathers each from its owner."""
-        return self.owned is not None
-
-    def use_group(self, group: Any) -> None:
-        """Train as one rank of ``group`` (a :class:`sexpgpu_torch.distributed.TorchGroup`):
-        each step takes this rank's part of the global batch and averages the
-        gradients across the ranks (DDP); with ``shard`` ``optimizer`` it updates
-        only the parameters it owns (:mod:`sexpgpu_torch.shards`). Dropout draws
-        from a seed of its own per rank, so the ranks' masks are not the same for
-        their different records."""
-        if self.shard == "full":
-            raise PluginError("the sharding full is not built yet; shard none or optimizer")
-        self.ranks = group
-        self.choices[SHARD_CHOICE] = self.shard  # one device has nothing to shard
-        # a stage's generator: each rank makes its part of the records (an eval pass's
-        # generates whole batches, each on the rank that evaluates them)
-        self._shared_generators = frozenset(
-            s.generator.name for s in self.program.stages if s.generator is not None
-        )
-        self.replica = Replicated(group, self.device)
-        if self.shard == "optimizer":
-            sizes = [math.prod(self._decl_by_path[p].type.shape) for p in self.trainable]
-            self.owned = OwnedStates(group, sizes)
-        self.ctx.seed = derive_seed(self.program.run.seed, "rank", group.rank)
-
     # -- parameters
 
     def _set_param(self, path: str, value: Tensor) -> None:
         decl = self._decl_by_path[path]
         t = value.to(dtype=TORCH_DTYPES[decl.type.dtype]).to(self.device)
+        if self.sharded is not None and self.sharded.holds(path):
+            self.sharded.set_whole(path, t)
+            return
         if self.replica is not None and self.replica.holds(path):
             self.params[path] = self.replica.take(path, t)
             return
@@ -311,17 +288,18 @@ class TorchTrainer(Trainer):
     def propose(
         self, batch: Mapping[str, np.ndarray], *, stage: int, step: int, lr: float
     ) -> Proposal:
-        """Forward, backward and the stage's optimizer into new tensors (nothing changes).
+        """Forward, backward and the stage's optimizer into new tensors (nothing changes),
+        on ``batch``: on several ranks, this rank's part of the global batch.
 
         The optimizer's update count (Adam's bias correction) is
         ``step - group_start`` of the stage's state group (see the module docstring).
         """
         ctx = self.ctx
-        if self.ranks is not None:  # this rank's part of the global batch
-            batch = {name: array[self.ranks.shard(len(array))] for name, array in batch.items()}
         self._inputs(batch, self.fields[stage])
         ctx.step, ctx.training = step, True
-        if self.replica is not None and not self._alone:
+        if self.sharded is not None:  # its warm-up too: the slices compile as they run
+            loss, grads = self._sharded_loss_and_grads(stage)
+        elif self.replica is not None and not self._alone:
             loss, grads = self._replicated_loss_and_grads(stage)
         else:
             loss, grads = self._loss_and_grads(stage)
@@ -329,10 +307,10 @@ class TorchTrainer(Trainer):
         group = self.group[stage]
         update, options = self.updates[stage]
         with torch.no_grad():
-            trainable = [self.params[p] for p in self.trainable]
+            trainable = self._trainable_tensors()
             clip = self.program.stages[stage].optimizer.clip
             if clip is not None and grads:
-                clip_by_global_norm(grads, float(clip))
+                clip_by_global_norm(grads, float(clip), self._norm_sq())
             mine, grads, decay = (
                 self._mine(trainable),
                 self._mine(grads),
@@ -359,19 +337,6 @@ class TorchTrainer(Trainer):
                 new_params = self.owned.share(new_params, trainable)
         return Proposal(stage, group, loss, new_params, new_states)
 
-    def _mine(self, values: Sequence[Any]) -> list[Any]:
-        """The entries of ``values`` (one per trainable parameter) this rank updates."""
-        if self.owned is None:
-            return list(values)
-        return [values[i] for i in self.owned.mine]
-
-    def _state_position(self, index: int) -> int | None:
-        """Where trainable parameter ``index``'s states are in this rank's lists
-        (``None``: another rank keeps them)."""
-        if self.owned is None:
-            return index
-        return self.owned.position.get(index)
-
     def _stage_loss(self, stage: int) -> Tensor:
         if self.autocast:
             with torch.autocast(self.device.type, dtype=torch.bfloat16):
@@ -392,14 +357,6 @@ class TorchTrainer(Trainer):
         return loss.detach(), [
             torch.zeros_like(t) if g is None else g for t, g in zip(trainable, grads, strict=True)
         ]
-
-    def _replicated_loss_and_grads(self, stage: int) -> tuple[Tensor, list[Tensor]]:
-        """As ``_loss_and_grads``, for the global batch: the ranks' mean loss and
-        the gradients DDP averaged (before clipping: the norm is the global batch's)."""
-        assert self.replica is not None
-        if not self.replica.attached:
-            self.replica.attach(self.params, self.trainable)
-        return self.replica.loss_and_grads(partial(self._stage_loss, stage))
 
     def _held_to_contract(
         self, stage: int, states: Any, params: Sequence[Tensor], made_by: str
@@ -452,7 +409,9 @@ class TorchTrainer(Trainer):
 
     def commit(self, proposal: Proposal) -> None:
         """Make the proposal's parameters and states the current ones."""
-        if self.replica is not None and self.replica.attached:
+        if self.sharded is not None and self.sharded.attached:
+            self.sharded.commit(dict(zip(self.trainable, proposal.params, strict=True)))
+        elif self.replica is not None and self.replica.attached:
             self.replica.commit(
                 self.params, dict(zip(self.trainable, proposal.params, strict=True))
             )
@@ -476,6 +435,8 @@ class TorchTrainer(Trainer):
         """
         from sexpgpu.checkpoint import layout_tensors
 
+        if self.sharded is not None and self.sharded.attached:
+            return self._export_slices()
         # A frozen parameter read with :load is named by experiment.json, not copied.
         sources = {d.path: self.params[d.path] for d in self.decls if d.trainable or d.load is None}
         gathered: dict[tuple[int, str], Tensor] = {}
@@ -506,6 +467,39 @@ class TorchTrainer(Trainer):
 
         return copy_out(sources), copy_out(state_sources)
 
+    def _export_slices(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """``export`` under ``:shard full``: each tensor gathered whole from every
+        rank's slices and copied out in turn, into fresh arrays (kept ones would hold
+        a whole model's copy on every rank between checkpoints)."""
+        from sexpgpu.checkpoint import layout_tensors
+
+        sharded = self.sharded
+        assert sharded is not None
+        shapes = {d.path: tuple(d.type.shape) for d in self.decls}
+        kinds = {
+            d.path: "float32"
+            if d.type.dtype in ("f32", "bf16")
+            else str(TORCH_DTYPES[d.type.dtype]).removeprefix("torch.")
+            for d in self.decls
+        }
+        kept = [d.path for d in self.decls if d.trainable or d.load is None]
+        params = layout_tensors({path: (shapes[path], kinds[path]) for path in kept})
+        for path in kept:
+            whole = sharded.whole(path) if sharded.holds(path) else self.params[path]
+            self.strategy.copy_to_host({path: params[path]}, {path: whole})
+        names = {
+            f"{path}/{name}": (i, path, name)
+            for i, path in enumerate(self.trainable)
+            for name in self.states
+        }
+        states = layout_tensors(
+            {key: (shapes[path], "float32") for key, (_, path, _) in names.items()}
+        )
+        for key, (i, path, name) in names.items():
+            whole = sharded.whole_of(self.states[name][i], path)
+            self.strategy.copy_to_host({key: states[key]}, {key: whole})
+        return params, states
+
     def restore(
         self, params: Mapping[str, np.ndarray], states: Mapping[str, np.ndarray], *, stage: int
     ) -> None:
@@ -532,8 +526,10 @@ class TorchTrainer(Trainer):
                 self._check_shape(key, array)
             for n in names:
                 new_states[n] = [
-                    torch.from_numpy(np.array(states[f"{p}/{n}"], dtype=np.float32, copy=True)).to(
-                        self.device
+                    self._slice(
+                        torch.from_numpy(
+                            np.array(states[f"{p}/{n}"], dtype=np.float32, copy=True)
+                        ).to(self.device)
                     )
                     for p in self._mine(self.trainable)
                 ]
@@ -553,7 +549,8 @@ class TorchTrainer(Trainer):
             raise RunError(f"the program has no eval pass '{pass_name}'")
         decl, run = entry
         self._inputs(batch, {n: TORCH_DTYPES[t.dtype] for n, t in decl.fields.items()})
-        outputs = self._run_quietly(run, self.ctx.inputs)
+        with self._whole():
+            outputs = self._run_quietly(run, self.ctx.inputs)
         with torch.no_grad():
             values = torch.stack([o.detach().float().reshape(()) for o in outputs]).tolist()
         return dict(zip(decl.metrics, values, strict=True))
@@ -589,20 +586,16 @@ class TorchTrainer(Trainer):
         """The records ``generator`` makes from ``batch``'s prompts (see
         :mod:`sexpgpu_torch.sampling`); ``None`` when abandoned at a stop.
 
-        A stage's generator on several ranks: each rank makes the records of its own
-        part of the prompts, with draws of its own (the rank joins the draw), and the
-        ranks then exchange them, so each returns the whole batch's records (the run
-        counts them) and its step takes its own part, the one it made."""
+        A stage's generator on several ranks gets the rank's part of the step's
+        prompts and makes their records, with draws of its own (the rank joins the
+        draw); its step then takes them. An eval pass's gets whole batches."""
         sampler = self.samplers.get(generator.name)
         if sampler is None:
             raise RunError(f"the program has no generator '{generator.name}'")
-        if self.ranks is None or generator.name not in self._shared_generators:
+        if self.ranks is not None and generator.name in self._shared_generators:
+            draw = (*draw, "rank", self.ranks.rank)
+        with self._whole():
             return sampler.records(batch, seed=seed, draw=draw, stopping=stopping)
-        part = {name: array[self.ranks.shard(len(array))] for name, array in batch.items()}
-        mine = sampler.records(
-            part, seed=seed, draw=(*draw, "rank", self.ranks.rank), stopping=stopping
-        )
-        return None if mine is None else self.ranks.gather_rows(mine)
 
 
 def _zeros(fields: Mapping[str, Any]) -> dict[str, np.ndarray]:

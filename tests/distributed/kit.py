@@ -30,18 +30,18 @@ def last(root: Path) -> Path:
     return root / "ckpt" / f"step-{STEPS:08d}"
 
 
-def project(root: Path) -> Path:
-    """``root`` holding a copy of the tests' program, as a user's folder would."""
+def project(root: Path, program: str = PROGRAM) -> Path:
+    """``root`` holding a copy of a tests' program, as a user's folder would."""
     root.mkdir(parents=True, exist_ok=True)
-    shutil.copy(HERE / PROGRAM, root / PROGRAM)
+    shutil.copy(HERE / program, root / program)
     shutil.copy(HERE / "rank_params.py", root / "rank_params.py")
     return root
 
 
-def run_args(*extra: str, steps: int) -> list[str]:
+def run_args(*extra: str, steps: int, program: str = PROGRAM) -> list[str]:
     return [
         "run",
-        PROGRAM,
+        program,
         "--steps",
         str(steps),
         "--checkpoint-dir",
@@ -54,14 +54,14 @@ def run_args(*extra: str, steps: int) -> list[str]:
     ]
 
 
-def launch(root: Path, *extra: str, steps: int, timeout: float = 240):
-    """``sexpgpu run dp.sx ...`` to its end; the CompletedProcess."""
-    return run_sexpgpu(*run_args(*extra, steps=steps), cwd=root, timeout=timeout)
+def launch(root: Path, *extra: str, steps: int, timeout: float = 240, program: str = PROGRAM):
+    """``sexpgpu run dp.sx ...`` (or ``program``) to its end; the CompletedProcess."""
+    return run_sexpgpu(*run_args(*extra, steps=steps, program=program), cwd=root, timeout=timeout)
 
 
-def start(root: Path, *extra: str, steps: int) -> subprocess.Popen:
-    """``sexpgpu run dp.sx ...`` in the background."""
-    return start_sexpgpu(*run_args(*extra, steps=steps), cwd=root)
+def start(root: Path, *extra: str, steps: int, program: str = PROGRAM) -> subprocess.Popen:
+    """``sexpgpu run dp.sx ...`` (or ``program``) in the background."""
+    return start_sexpgpu(*run_args(*extra, steps=steps, program=program), cwd=root)
 
 
 def worker_pid(launcher: subprocess.Popen, rank: int, timeout: float = 120) -> int:

@@ -8,6 +8,7 @@ chosen trip until the signal has been sent to the launcher.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -35,6 +36,7 @@ PROGRAM = f"""
   :optimizer (adam :lr 0.01)
   :steps 5
   :seed 7
+  :counters (records generated)
   :checkpoint-every 1)
 """
 BOUND = 180.0
@@ -73,6 +75,10 @@ def test_two_ranks_finish_the_generation_and_stop_together_after_the_step(tmp_pa
     proc = _start(whole, plugins)
     err = _finish(proc)
     assert proc.returncode == 0, err
+    # each rank makes and counts its part; the run counts them all (no stop token: every
+    # record takes all its trips)
+    state = json.loads((whole / "ckpt" / "step-00000005" / "state.json").read_text())
+    assert state["counters"] == {"records": 5 * 4 * 2, "generated": 5 * 4 * 2 * TRIPS}
 
     site = _site(tmp_path / "site")
     at = 2 * TRIPS + 2  # step 3, its second trip

@@ -165,14 +165,3 @@ def test_compiled_ranks_with_sharded_states_resume_to_the_bytes_and_compile_once
     # each rank compiled for its own half of the batch, before its first step
     for run in (result, first, again):
         assert "compiled again after its first call" not in run.stderr + run.stdout
-
-
-@pytest.mark.slow
-def test_full_sharding_is_refused_on_several_devices_with_one_line(tmp_path):
-    root = project(tmp_path)
-    result = launch(root, "--devices", "2", "--shard", "full", steps=2)
-    assert result.returncode != 0, result.stderr
-    assert _run_lines(result.stderr) == [
-        "sexpgpu run: the sharding full is not built yet; shard none or optimizer"
-    ]
-    assert not (root / "ckpt").exists() or not step_dirs(root / "ckpt")

@@ -607,33 +607,27 @@ def test_a_reward_expression_gives_each_record_its_value(program, batches) -> No
 
 
 class _Rank:
-    """Rank ``rank`` of two as the trainer sees it: its part of the rows, and the
-    exchange of generated records, which here keeps what was sent and returns it."""
+    """Rank ``rank`` of two as the trainer sees it."""
 
     def __init__(self, rank: int) -> None:
-        self.rank, self.size, self.sent = rank, 2, None
-
-    def shard(self, rows: int) -> slice:
-        share = rows // self.size
-        return slice(self.rank * share, (self.rank + 1) * share)
-
-    def gather_rows(self, arrays: Records) -> Records:
-        self.sent = arrays
-        return arrays
+        self.rank, self.size = rank, 2
 
 
 @pytest.mark.parametrize("rank", [0, 1])
 def test_each_of_two_ranks_makes_the_records_of_its_own_prompts(program, batches, rank) -> None:
     gen = generator(program, "stage main")
     trainer = trainer_for(program, sharp=False)
-    group = _Rank(rank)
-    trainer.use_group(group)
-    generate(trainer, gen, batches[0])
-    # its half of the prompts, each sampled gen.samples times, with draws of its own
-    half = {name: array[group.shard(len(array))] for name, array in batches[0].items()}
+    trainer.use_group(_Rank(rank))
+    # the run hands a rank its part of the step's prompts: each sampled gen.samples
+    # times, with draws of its own (the rank joins the draw)
+    share = len(batches[0]["inputs"]) // 2
+    half = {name: array[rank * share : (rank + 1) * share] for name, array in batches[0].items()}
+    mine = generate(trainer, gen, half)
+    assert len(mine["completion"]) == share * 4
     alone = generate(trainer_for(program, sharp=False), gen, half, draw=("step", 1, "rank", rank))
-    assert group.sent is not None and len(group.sent["completion"]) == len(half["inputs"]) * 4
-    assert_same_records(group.sent, alone)
+    assert_same_records(mine, alone)
+    plain = generate(trainer_for(program, sharp=False), gen, half)
+    assert not np.array_equal(plain["sampled-logp"], mine["sampled-logp"])
     # an eval pass's generator makes whole batches (the ranks share out batches instead)
     whole = generate(trainer, generator(program, "eval twin"), batches[0], draw=("batch", 0))
     assert len(whole["completion"]) == len(batches[0]["inputs"]) * 4

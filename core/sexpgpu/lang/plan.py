@@ -81,7 +81,7 @@ def plan_run(
     settings = run_settings(run, decls.statics)
     opts = run.opts
     base = decls.optimizer_decl(opts["optimizer"], None) if "optimizer" in opts else None
-    return RunPlan(settings, _items(run, decls, base))
+    return RunPlan(settings, _items(run, decls, base, settings.counters))
 
 
 def run_settings(run: RunForm, statics: Statics) -> g.RunSettings:
@@ -144,12 +144,14 @@ def _counters(node: Any, statics: Statics) -> tuple[str, ...]:
 
 
 def _items(
-    run: RunForm, decls: Declarations, base: g.OptimizerDecl | None
+    run: RunForm, decls: Declarations, base: g.OptimizerDecl | None, counters: tuple[str, ...]
 ) -> Iterator[StagePlan | EvalPlan]:
     """The stages, then the evals: an eval's data is the first stage's unless it names
     its own, and its loss the run's, or else the first stage's."""
     first: StagePlan | None = None
     for stage in _stages(run, decls, base):
+        if "tokens" in counters:
+            _counts_tokens(stage.data, decls)
         first = first or stage
         yield stage
     assert first is not None
@@ -163,6 +165,17 @@ def _items(
     taken: set[str] = set()
     for form in node.items:
         yield _eval(form, first.data, loss, decls, taken)
+
+
+def _counts_tokens(data: g.DataDecl, decls: Declarations) -> None:
+    """The counter ``tokens`` counts a field of each stage's data: its source must name one."""
+    info = decls.catalog.named("sexpgpu_data_sources", "data source", data.source)
+    if info.tokens_field is None:
+        raise err(
+            f"the data source '{data.source}' has no token field, so the counter 'tokens' "
+            "cannot be kept; count records instead",
+            data.pos,
+        )
 
 
 def _stages(run: RunForm, decls: Declarations, base: g.OptimizerDecl | None) -> Iterator[StagePlan]:

@@ -1,0 +1,309 @@
+"""Fully sharded training (``:shard full``) on torch's FSDP2 (``fully_shard``).
+
+Each rank keeps a slice (rows of the first axis, as ``torch.chunk`` cuts them) of
+every trainable parameter, of its gradient and of its optimizer states; a whole
+parameter exists only while a pass needs it.
+
+FSDP2 works on modules: it gathers a module's parameters before its forward,
+frees them after it, gathers them again when the backward pass reaches the
+module, and reduce-scatters their gradients once it is through. The trainer's
+graphs are no modules, so the trainable tensors are put in modules shaped after
+the program (:func:`plan_units`):
+
+- a *unit* per iteration of each repeat in the stage losses (a transformer's
+  block): the graph's repeat calls the stack kernel with a body that runs through
+  the iteration's unit (``Ctx.units``), so only one block's parameters are whole
+  at a time, forward and backward;
+- the *root*: every other trainable parameter (embeddings, the head), whole from
+  the loss's start to the end of its backward pass; its forward runs the loss.
+
+While a module runs, its whole parameters are put in ``ctx.params`` as plain
+views (the graphs read them there, by path, as in any other run). Between steps
+``ctx.params`` holds none of them. An eval pass or a generator, which the ranks
+may run for different batches and trips, reads every parameter gathered whole
+once, before it starts (:meth:`FullyShardedTrainable.gathered`).
+
+Each rank updates its own slices with the stage's optimizer, which must compute
+each element from the same element of its inputs alone (sgd, adam and adamw do;
+a third-party update says so with ``elementwise = True``): the same values, then,
+as updating the whole tensors. Clipping takes the global norm over every rank's
+slices.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from sexpgpu.lang.ir import Graph, Program
+
+Tensor = torch.Tensor
+
+__all__ = ["FullyShardedTrainable", "plan_units", "rows_of"]
+
+
+def plan_units(program: Program, trainable: Sequence[str]) -> tuple[list[list[str]], list[str]]:
+    """The units (each iteration of a stage loss's top-level repeat: its trainable
+    slot paths) and the root's paths (every other trainable path). A path any loss
+    reads outside its own iteration (directly, in two iterations, in a nested
+    repeat) goes to the root."""
+    wanted = set(trainable)
+    units: list[list[str]] = []
+    seen: dict[str, int] = {}
+    elsewhere: set[str] = set()
+
+    def read_directly(graph: Graph) -> None:
+        for node in graph.nodes:
+            if node.op == "param" and node.attrs.get("path") is not None:
+                elsewhere.add(node.attrs["path"])
+            if node.op == "repeat":
+                read_directly(node.attrs["body"])
+                for slots in node.attrs["slots"]:
+                    elsewhere.update(slots)  # a nested repeat's own slots
+
+    for stage in program.stages:
+        for node in stage.loss.nodes:
+            if node.op == "param" and node.attrs.get("path") is not None:
+                elsewhere.add(node.attrs["path"])
+            if node.op != "repeat":
+                continue
+            read_directly(node.attrs["body"])
+            for slots in node.attrs["slots"][: int(node.attrs["count"])]:
+                paths = [p for p in slots if p in wanted]
+                key = tuple(paths)
+                if not paths or any(seen.get(p, -1) != seen.get(paths[0], -1) for p in paths):
+                    elsewhere.update(paths)
+                    continue
+                if paths[0] in seen:  # the same iteration in another stage's loss
+                    continue
+                for p in paths:
+                    seen[p] = len(units)
+                units.append(list(key))
+    kept = [[p for p in unit if p not in elsewhere] for unit in units]
+    kept = [unit for unit in kept if unit]
+    in_units = {p for unit in kept for p in unit}
+    return kept, [p for p in trainable if p not in in_units]
+
+
+def rows_of(tensor: Tensor, rank: int, size: int) -> Tensor:
+    """Rank ``rank``'s slice of ``tensor`` among ``size`` (``torch.chunk`` along the
+    first axis, as FSDP2 cuts; empty past the last chunk), a copy. A scalar is cut as
+    a tensor of one element (FSDP2 shards no scalar)."""
+    if tensor.dim() == 0:
+        tensor = tensor.reshape(1)
+    chunks = torch.chunk(tensor.detach(), size, dim=0)
+    if rank < len(chunks):
+        return chunks[rank].clone()
+    return tensor.new_empty((0, *tensor.shape[1:]))
+
+
+class _Part(nn.Module):
+    """Some trainable parameters as one FSDP2 module; its forward runs ``run`` with
+    their whole values in ``ctx.params`` (as plain views) and takes them out after.
+    A scalar is held as a tensor of one element (FSDP2 shards no scalar)."""
+
+    def __init__(self, paths: Sequence[str], tensors: Sequence[Tensor], ctx: Any) -> None:
+        super().__init__()
+        self.paths = list(paths)
+        self.ctx = ctx
+        self.shapes = [tuple(t.shape) for t in tensors]
+        for index, t in enumerate(tensors):
+            held = t.detach().reshape(-1) if t.dim() == 0 else t.detach()
+            self.register_parameter(f"p{index}", nn.Parameter(held, requires_grad=True))
+
+    def whole(self) -> dict[str, Tensor]:
+        """Each path's current (whole, while gathered) parameter as a plain view."""
+        return {
+            path: getattr(self, f"p{i}").view(self.shapes[i]) for i, path in enumerate(self.paths)
+        }
+
+    def forward(self, run: Callable[..., Tensor], *args: Any) -> Tensor:
+        params = self.ctx.params
+        params.update(self.whole())
+        try:
+            return run(*args)
+        finally:
+            for path in self.paths:
+                params.pop(path, None)
+
+
+class _Root(_Part):
+    """The root module: its own parameters and every unit."""
+
+    def __init__(self, paths: Sequence[str], tensors: Sequence[Tensor], ctx: Any, units: Any):
+        super().__init__(paths, tensors, ctx)
+        self.units = nn.ModuleList(units)
+
+
+class FullyShardedTrainable:
+    """One rank's slices of the trainable parameters under FSDP2 (see the module
+    docstring). ``group`` is the plugin's :class:`~sexpgpu_torch.distributed.TorchGroup`."""
+
+    def __init__(self, group: Any, device: torch.device, ctx: Any) -> None:
+        self.group = group
+        self.device = device
+        self.ctx = ctx
+        self._root: _Root | None = None
+        self._params: dict[str, nn.Parameter] = {}
+        self._shapes: dict[str, tuple[int, ...]] = {}  # as declared (a scalar is held as [1])
+        self._unit_of: dict[str, _Part] = {}  # by each of its paths
+
+    @property
+    def attached(self) -> bool:
+        """Whether the parameters are sharded (from the first step on)."""
+        return self._root is not None
+
+    def holds(self, path: str) -> bool:
+        """Whether ``path`` is one of the sharded parameters."""
+        return path in self._params
+
+    def attach(
+        self,
+        params: MutableMapping[str, Tensor],
+        units: Sequence[Sequence[str]],
+        root: Sequence[str],
+    ) -> None:
+        """Shard the whole tensors of ``params`` (the same on every rank) into
+        ``units`` and the ``root`` (:func:`plan_units`), and take them out of
+        ``params``: they come back, whole, while a module runs."""
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        parts = [_Part(paths, [params[p] for p in paths], self.ctx) for paths in units]
+        top = _Root(root, [params[p] for p in root], self.ctx, parts)
+
+        def shard() -> None:
+            mesh = init_device_mesh(self.device.type, (self.group.size,))
+            for part in parts:
+                fully_shard(part, mesh=mesh, reshard_after_forward=True)
+            fully_shard(top, mesh=mesh)
+
+        self.group.call("sharding the model", shard)
+        self._root = top
+        for module in (top, *parts):
+            for i, path in enumerate(module.paths):
+                self._params[path] = getattr(module, f"p{i}")
+                self._shapes[path] = module.shapes[i]
+                params.pop(path, None)
+        self._unit_of = {path: part for part in parts for path in part.paths}
+        self.ctx.units = self
+        self.group.on_close(self.release)
+
+    def release(self) -> None:
+        """Let go of the modules (and through them the process group) as it closes."""
+        self._root = None
+        self._unit_of = {}
+        self._params = {}
+        self._shapes = {}
+        self.ctx.units = None
+
+    # -- what the graphs call
+
+    def body(
+        self, run_body: Callable[[Tensor, Any], Tensor], paths: Sequence[Sequence[str]]
+    ) -> Callable[[Tensor, Any], Tensor]:
+        """A repeat's body for its stack kernel: iteration ``i`` runs through the unit
+        of ``paths[i]`` (its parameters whole in ``ctx.params`` and in the slots)."""
+        from sexpgpu_torch.graphs import Slots
+
+        params = self.ctx.params
+
+        def through_unit(carry: Tensor, slots: Any) -> Tensor:
+            iteration = getattr(slots, "iteration", 0)
+            these = paths[iteration]
+            # the iteration's unit (its paths the root holds are whole all along)
+            unit = next((self._unit_of[p] for p in these if p in self._unit_of), None)
+
+            def run(c: Tensor) -> Tensor:
+                return run_body(c, Slots([params[p] for p in these], iteration))
+
+            return run(carry) if unit is None else unit(run, carry)
+
+        return through_unit
+
+    # -- a step
+
+    def local(self, path: str) -> Tensor:
+        """This rank's slice of ``path``'s parameter (a plain tensor, its storage)."""
+        return self._params[path].to_local()
+
+    def loss_and_grads(
+        self, run: Callable[[], Tensor], paths: Sequence[str]
+    ) -> tuple[Tensor, list[Tensor]]:
+        """The mean of every rank's loss and this rank's slice of the averaged
+        gradient of each of ``paths`` (zeros where the loss does not reach one)."""
+        assert self._root is not None
+        loss = self._root(run)
+        mean = loss.detach().clone()
+
+        def exchange() -> None:
+            pending = dist.all_reduce(mean, async_op=True)
+            if loss.requires_grad:
+                loss.backward()
+            pending.wait()
+
+        self.group.call("reducing gradients", exchange)
+        grads = []
+        for path in paths:
+            p = self._params[path]
+            grad = p.grad
+            p.grad = None
+            grads.append(grad.to_local() if grad is not None else torch.zeros_like(p.to_local()))
+        return mean.div_(self.group.size), grads
+
+    def commit(self, values: Mapping[str, Tensor]) -> None:
+        """Copy each of ``values`` (this rank's slices, by path) into its parameter."""
+        with torch.no_grad():
+            for path, value in values.items():
+                self.local(path).copy_(value)
+
+    def set_whole(self, path: str, value: Tensor) -> None:
+        """Make the whole ``value`` ``path``'s parameter (this rank keeps its slice)."""
+        with torch.no_grad():
+            self.local(path).copy_(rows_of(value, self.group.rank, self.group.size))
+
+    def global_norm_sq(self, grads: Sequence[Tensor]) -> Tensor:
+        """The squared L2 norm of the whole gradients, from every rank's slices."""
+        local = torch.zeros((), dtype=torch.float32, device=self.device)
+        if grads:
+            norms = torch._foreach_norm(list(grads), 2.0)
+            local = torch.stack([n.float() for n in norms]).square().sum()
+        self.group.call("summing the gradients' norm", lambda: dist.all_reduce(local))
+        return local
+
+    # -- whole tensors
+
+    def whole_of(self, local: Tensor, like: str) -> Tensor:
+        """The whole tensor of which every rank holds ``local``, its slice of a
+        tensor shaped as ``like``'s parameter (an all-gather)."""
+        from torch.distributed.tensor import DTensor
+
+        p = self._params[like]
+        spread = DTensor.from_local(
+            local, p.device_mesh, p.placements, run_check=False, shape=p.shape, stride=p.stride()
+        )
+        return self.group.call("gathering a tensor", spread.full_tensor).view(self._shapes[like])
+
+    def whole(self, path: str) -> Tensor:
+        """``path``'s whole parameter (an all-gather)."""
+        return self.whole_of(self.local(path), path)
+
+    @contextlib.contextmanager
+    def gathered(self) -> Iterator[None]:
+        """Every sharded parameter whole in ``ctx.params`` (gathered once: a collective)
+        and no unit in the way, until the block ends."""
+        whole = {path: self.whole(path) for path in self._params}
+        params, units = self.ctx.params, self.ctx.units
+        params.update(whole)
+        self.ctx.units = None
+        try:
+            yield
+        finally:
+            self.ctx.units = units
+            for path in whole:
+                params.pop(path, None)
