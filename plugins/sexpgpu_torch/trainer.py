@@ -411,6 +411,8 @@ class TorchTrainer(RankedTraining, Trainer):
         """Make the proposal's parameters and states the current ones."""
         if self.sharded is not None and self.sharded.attached:
             self.sharded.commit(dict(zip(self.trainable, proposal.params, strict=True)))
+            # copied into the slices: the proposal (which the run keeps a while) lets go
+            proposal.params = self._trainable_tensors()
         elif self.replica is not None and self.replica.attached:
             self.replica.commit(
                 self.params, dict(zip(self.trainable, proposal.params, strict=True))
