@@ -34,8 +34,7 @@ its other work than about the ranks.
 
     python benchmarks/bench_data_parallel.py [--repeats 3] [--workload example|large|both]
 
-Measured on an idle 2-core machine (docs/run.md, "Speed"): 1.71x at batch 256
-(ceiling 1.96x), 1.36x at batch 32 (ceiling 1.60x).
+Figures from an idle 2-core machine: docs/distributed.md, "Speed".
 """
 
 from __future__ import annotations
