@@ -165,24 +165,6 @@ def test_an_eval_pass_on_full_shards_gives_one_process_numbers(full_reference, t
 
 
 @pytest.mark.slow
-def test_compiled_full_shards_resume_to_the_bytes_and_compile_once(tmp_path):
-    compiled = ("--lowering", "compiled")
-    straight = project(tmp_path / "straight", FULL)
-    result = launch(straight, *TWO, *compiled, steps=10, program=FULL)
-    assert result.returncode == 0, result.stderr
-    root = project(tmp_path / "resumed", FULL)
-    first = launch(root, *TWO, *compiled, steps=6, program=FULL)
-    assert first.returncode == 0, first.stderr
-    again = launch(root, *TWO, *compiled, "--resume", "latest", steps=10, program=FULL)
-    assert again.returncode == 0, again.stderr
-    step = "step-00000010"
-    assert_same_tensors(root / "ckpt" / step, straight / "ckpt" / step)
-    # the slices compiled before the first step, as they run (units and all)
-    for run in (result, first, again):
-        assert "compiled again after its first call" not in run.stderr + run.stdout
-
-
-@pytest.mark.slow
 def test_full_shards_are_pinned_counted_and_can_be_left(tmp_path):
     root = project(tmp_path, FULL)
     first = launch(root, *TWO, steps=6, program=FULL)
