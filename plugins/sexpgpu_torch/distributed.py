@@ -149,6 +149,22 @@ class TorchGroup:
         self._reduce("summing", total)
         return total.tolist()
 
+    def backward(self, loss: torch.Tensor, what: str) -> torch.Tensor:
+        """``loss.backward()``, whose hooks exchange the gradients (DDP's, FSDP2's), and
+        the mean of every rank's loss: its all-reduce goes first, in the same order on
+        every rank, and is waited for once the gradients are in. ``what`` names the
+        exchange in the ``E-DP-003`` line of a peer lost on the way."""
+        mean = loss.detach().clone()
+
+        def exchange() -> None:
+            pending = dist.all_reduce(mean, async_op=True)
+            if loss.requires_grad:
+                loss.backward()
+            pending.wait()
+
+        self.call(what, exchange)
+        return mean.div_(self.size)
+
     def on_close(self, release: Callable[[], None]) -> None:
         """Have ``release`` called as the group closes, before it is destroyed: what
         holds on to the process group (DDP's reducer) lets go of it, so the group's

@@ -238,23 +238,14 @@ class FullyShardedTrainable:
         """The mean of every rank's loss and this rank's slice of the averaged
         gradient of each of ``paths`` (zeros where the loss does not reach one)."""
         assert self._root is not None
-        loss = self._root(run)
-        mean = loss.detach().clone()
-
-        def exchange() -> None:
-            pending = dist.all_reduce(mean, async_op=True)
-            if loss.requires_grad:
-                loss.backward()
-            pending.wait()
-
-        self.group.call("reducing gradients", exchange)
+        mean = self.group.backward(self._root(run), "reducing gradients")
         grads = []
         for path in paths:
             p = self._params[path]
             grad = p.grad
             p.grad = None
             grads.append(grad.to_local() if grad is not None else torch.zeros_like(p.to_local()))
-        return mean.div_(self.group.size), grads
+        return mean, grads
 
     def commit(self, values: Mapping[str, Tensor]) -> None:
         """Copy each of ``values`` (this rank's slices, by path) into its parameter."""

@@ -26,7 +26,6 @@ from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -116,23 +115,13 @@ class Replicated:
         rank's loss from ``ctx.params``."""
         assert self._ddp is not None
         loss = self._ddp(run)  # this rank's forward: an error in it is its own, not the group's
-        mean = loss.detach().clone()
-
-        def exchange() -> None:
-            # the loss's all-reduce goes first, before DDP's buckets, in the same order
-            # on every rank; it is waited for once the gradients are in
-            pending = dist.all_reduce(mean, async_op=True)
-            if loss.requires_grad:
-                loss.backward()
-            pending.wait()
-
-        self.group.call("averaging gradients", exchange)
+        mean = self.group.backward(loss, "averaging gradients")
         grads = []
         for p in self._params:
             grad = p.grad
             p.grad = None  # the next step's backward starts from nothing
             grads.append(grad if grad is not None else torch.zeros_like(p))
-        return mean.div_(self.group.size), grads
+        return mean, grads
 
     def commit(self, params: MutableMapping[str, Tensor], values: Mapping[str, Tensor]) -> None:
         """Make each of ``values`` (by path) its parameter's storage and refresh the

@@ -66,11 +66,12 @@ class RankedTraining:
 
     def use_group(self, group: Any) -> None:
         """Train as one rank of ``group`` (a :class:`sexpgpu_torch.distributed.TorchGroup`):
-        each step takes this rank's part of the global batch and averages the
+        each step is handed this rank's part of the global batch and averages the
         gradients across the ranks (DDP); with ``shard`` ``optimizer`` it updates
-        only the parameters it owns (:mod:`sexpgpu_torch.shards`). Dropout draws
-        from a seed of its own per rank, so the ranks' masks are not the same for
-        their different records."""
+        only the parameters it owns (:mod:`sexpgpu_torch.shards`), with ``full`` its
+        slices of every one (FSDP2, :mod:`sexpgpu_torch.fully_sharded`). Dropout
+        draws from a seed of its own per rank, so the ranks' masks are not the same
+        for their different records."""
         self.ranks = group
         self.choices[SHARD_CHOICE] = self.shard  # one device has nothing to shard
         # a stage's generator: each rank makes its part of the records (an eval pass's

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
 import signal
 from types import SimpleNamespace
 
@@ -29,12 +28,21 @@ from tests.e2e.helpers import (
     assert_same_tensors,
     events,
     experiments,
-    run_sexpgpu,
     step_dirs,
     wait_for_step,
 )
 
-from .kit import HERE, SIGNALS, STEPS, interrupted_lines, launch, project, start, worker_pid
+from .kit import (
+    HERE,
+    SIGNALS,
+    STEPS,
+    interrupted_lines,
+    last_pass_and_evaluate,
+    launch,
+    project,
+    start,
+    worker_pid,
+)
 
 FULL = "full.sx"
 TWO = ("--devices", "2")  # the program says :shard full
@@ -148,20 +156,8 @@ def test_a_killed_worker_of_full_shards_restarts_to_the_bytes(full_reference, tm
 @pytest.mark.slow
 def test_an_eval_pass_on_full_shards_gives_one_process_numbers(full_reference, tmp_path):
     # three batches on two ranks: every rank evaluates each, from whole parameters
-    root = tmp_path / "copy"
-    shutil.copytree(full_reference, root)
-    (run_dir,) = experiments(root / "m")
-    in_run = [e["value"] for e in events(run_dir) if e.get("name") == "probe/accuracy"]
-    assert len(in_run) == STEPS // 40
-    checkpoint = root / "ckpt" / f"step-{STEPS // 40 * 40:08d}"
-    result = run_sexpgpu("evaluate", str(checkpoint), "--metrics-dir", "m", cwd=root)
-    assert result.returncode == 0, result.stderr
-    again = [
-        e["value"]
-        for e in events(run_dir)
-        if e.get("name") == "probe/accuracy" and e.get("source") == "evaluate"
-    ]
-    assert again == [in_run[-1]]
+    last, again = last_pass_and_evaluate(full_reference, tmp_path / "copy", "probe/accuracy")
+    assert again == [last]
 
 
 @pytest.mark.slow

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
 import signal
 
 import pytest
@@ -24,12 +23,21 @@ from tests.e2e.helpers import (
     assert_same_tensors,
     events,
     experiments,
-    run_sexpgpu,
     step_dirs,
     wait_for_step,
 )
 
-from .kit import SIGNALS, STEPS, interrupted_lines, last, launch, project, start, worker_pid
+from .kit import (
+    SIGNALS,
+    STEPS,
+    interrupted_lines,
+    last,
+    last_pass_and_evaluate,
+    launch,
+    project,
+    start,
+    worker_pid,
+)
 
 OPTIMIZER = ("--devices", "2", "--shard", "optimizer")
 
@@ -131,19 +139,6 @@ def test_a_shard_the_language_does_not_know_is_one_positioned_line(tmp_path):
 
 @pytest.mark.slow
 def test_an_eval_pass_split_across_ranks_gives_one_process_numbers(reference, tmp_path):
-    # a copy: evaluating reports into the run's experiment, which other tests read
-    root = tmp_path / "copy"
-    shutil.copytree(reference, root)
-    (run_dir,) = experiments(root / "m")
-    in_run = [e["value"] for e in events(run_dir) if e.get("name") == "probe/loss"]
-    assert len(in_run) == STEPS // 40
     # the last pass (step 280), in one process on the checkpoint it evaluated: the same bits
-    checkpoint = root / "ckpt" / f"step-{STEPS // 40 * 40:08d}"
-    result = run_sexpgpu("evaluate", str(checkpoint), "--metrics-dir", "m", cwd=root)
-    assert result.returncode == 0, result.stderr
-    again = [
-        e["value"]
-        for e in events(run_dir)
-        if e.get("name") == "probe/loss" and e.get("source") == "evaluate"
-    ]
-    assert again == [in_run[-1]]
+    last, again = last_pass_and_evaluate(reference, tmp_path / "copy", "probe/loss")
+    assert again == [last]
