@@ -136,15 +136,17 @@ def interrupted_lines(err: str) -> list[str]:
 SIGNALS = {"SIGTERM": signal.SIGTERM, "SIGINT": signal.SIGINT, "SIGHUP": signal.SIGHUP}
 
 
-def last_pass_and_evaluate(reference: Path, copy: Path, metric: str) -> tuple[float, list[float]]:
-    """The last in-run value of ``metric`` in a copy of a STEPS-step run with a pass
+def last_pass_and_evaluate(
+    reference: Path, copy: Path, metric: str, steps: int = STEPS
+) -> tuple[float, list[float]]:
+    """The last in-run value of ``metric`` in a copy of a ``steps``-step run with a pass
     every 40 steps, and what ``sexpgpu evaluate`` gives on the checkpoint it evaluated,
     in one process (a copy: evaluating reports into the run's experiment)."""
     shutil.copytree(reference, copy)
     (run_dir,) = experiments(copy / "m")
     in_run = [e["value"] for e in events(run_dir) if e.get("name") == metric]
-    assert len(in_run) == STEPS // 40
-    checkpoint = copy / "ckpt" / f"step-{STEPS // 40 * 40:08d}"
+    assert len(in_run) == steps // 40
+    checkpoint = copy / "ckpt" / f"step-{steps // 40 * 40:08d}"
     result = run_sexpgpu("evaluate", str(checkpoint), "--metrics-dir", "m", cwd=copy)
     assert result.returncode == 0, result.stderr
     again = [

@@ -35,7 +35,6 @@ from tests.e2e.helpers import (
 from .kit import (
     HERE,
     SIGNALS,
-    STEPS,
     interrupted_lines,
     last_pass_and_evaluate,
     launch,
@@ -46,6 +45,8 @@ from .kit import (
 
 FULL = "full.sx"
 TWO = ("--devices", "2")  # the program says :shard full
+STEPS = 120
+"""Long enough for a signal at step 3-30 to land mid-run (a fully sharded step is slow)."""
 
 
 def _last(root):
@@ -156,7 +157,9 @@ def test_a_killed_worker_of_full_shards_restarts_to_the_bytes(full_reference, tm
 @pytest.mark.slow
 def test_an_eval_pass_on_full_shards_gives_one_process_numbers(full_reference, tmp_path):
     # three batches on two ranks: every rank evaluates each, from whole parameters
-    last, again = last_pass_and_evaluate(full_reference, tmp_path / "copy", "probe/accuracy")
+    last, again = last_pass_and_evaluate(
+        full_reference, tmp_path / "copy", "probe/accuracy", steps=STEPS
+    )
     assert again == [last]
 
 
