@@ -109,8 +109,8 @@ class Trainer(Protocol):
     then calls it at each of the writer's checkpoints, and only the writer keeps it."""
 
     evaluates_together: bool = False
-    """True when ``evaluate`` and ``generate`` are collectives (gathering sharded
-    parameters): every rank then runs every batch of an eval pass."""
+    """True when the first ``evaluate`` or ``generate`` after a step is a collective
+    (gathering sharded parameters): every rank then calls one at least once a pass."""
 
     def use_group(self, group: RankGroup) -> None:
         """Train as one rank of ``group``: called once, before ``warm_up`` and before

@@ -21,7 +21,8 @@ While a module runs, its whole parameters are put in ``ctx.params`` as plain
 views (the graphs read them there, by path, as in any other run). Between steps
 ``ctx.params`` holds none of them. An eval pass or a generator, which the ranks
 may run for different batches and trips, reads every parameter gathered whole
-once, before it starts (:meth:`FullyShardedTrainable.gathered`).
+at its first call after a step (:meth:`FullyShardedTrainable.hold_whole`), until
+the next step lets go of them.
 
 Each rank updates its own slices with the stage's optimizer, which must compute
 each element from the same element of its inputs alone (sgd, adam and adamw do;
@@ -32,8 +33,7 @@ slices.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from typing import Any
 
 import torch
@@ -284,17 +284,20 @@ class FullyShardedTrainable:
         """``path``'s whole parameter (an all-gather)."""
         return self.whole_of(self.local(path), path)
 
-    @contextlib.contextmanager
-    def gathered(self) -> Iterator[None]:
-        """Every sharded parameter whole in ``ctx.params`` (gathered once: a collective)
-        and no unit in the way, until the block ends."""
-        whole = {path: self.whole(path) for path in self._params}
-        params, units = self.ctx.params, self.ctx.units
-        params.update(whole)
+    @property
+    def holding(self) -> bool:
+        """Whether every parameter is held whole (:meth:`hold_whole`)."""
+        return self.ctx.units is None and self._root is not None
+
+    def hold_whole(self) -> None:
+        """Every sharded parameter whole in ``ctx.params`` (gathered: a collective every
+        rank enters) and no unit in the way, until :meth:`let_go`."""
+        self.ctx.params.update({path: self.whole(path) for path in self._params})
         self.ctx.units = None
-        try:
-            yield
-        finally:
-            self.ctx.units = units
-            for path in whole:
-                params.pop(path, None)
+
+    def let_go(self) -> None:
+        """Back to the slices alone, the units in the way (after :meth:`hold_whole`)."""
+        if self.holding:
+            for path in self._params:
+                self.ctx.params.pop(path, None)
+            self.ctx.units = self

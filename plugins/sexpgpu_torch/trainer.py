@@ -218,9 +218,10 @@ class TorchTrainer(RankedTraining, Trainer):
             for eval_pass in self.program.evals:
                 self.evaluate(eval_pass.name, _zeros(eval_pass.fields))
             for name, sampler in self.samplers.items():  # a rank's part while training
-                with self._whole():
-                    sampler.warm_up(self.ranks.size if name in self._shared_generators else 1)
+                self._hold_whole()
+                sampler.warm_up(self.ranks.size if name in self._shared_generators else 1)
         finally:
+            self._let_go()
             self._alone = False
             self.params.clear()
             self.states = {}
@@ -232,6 +233,7 @@ class TorchTrainer(RankedTraining, Trainer):
         decl = self._decl_by_path[path]
         t = value.to(dtype=TORCH_DTYPES[decl.type.dtype]).to(self.device)
         if self.sharded is not None and self.sharded.holds(path):
+            self._let_go()
             self.sharded.set_whole(path, t)
             return
         if self.replica is not None and self.replica.holds(path):
@@ -295,6 +297,7 @@ class TorchTrainer(RankedTraining, Trainer):
         ``step - group_start`` of the stage's state group (see the module docstring).
         """
         ctx = self.ctx
+        self._let_go()  # whole parameters an eval pass or a generator held
         self._inputs(batch, self.fields[stage])
         ctx.step, ctx.training = step, True
         if self.sharded is not None:  # its warm-up too: the slices compile as they run
@@ -477,6 +480,7 @@ class TorchTrainer(RankedTraining, Trainer):
 
         sharded = self.sharded
         assert sharded is not None
+        self._let_go()  # a pass's whole parameters: not on top of the host copies
         shapes = {d.path: tuple(d.type.shape) for d in self.decls}
         kinds = {
             d.path: "float32"
@@ -551,8 +555,8 @@ class TorchTrainer(RankedTraining, Trainer):
             raise RunError(f"the program has no eval pass '{pass_name}'")
         decl, run = entry
         self._inputs(batch, {n: TORCH_DTYPES[t.dtype] for n, t in decl.fields.items()})
-        with self._whole():
-            outputs = self._run_quietly(run, self.ctx.inputs)
+        self._hold_whole()
+        outputs = self._run_quietly(run, self.ctx.inputs)
         with torch.no_grad():
             values = torch.stack([o.detach().float().reshape(()) for o in outputs]).tolist()
         return dict(zip(decl.metrics, values, strict=True))
@@ -596,8 +600,8 @@ class TorchTrainer(RankedTraining, Trainer):
             raise RunError(f"the program has no generator '{generator.name}'")
         if self.ranks is not None and generator.name in self._shared_generators:
             draw = (*draw, "rank", self.ranks.rank)
-        with self._whole():
-            return sampler.records(batch, seed=seed, draw=draw, stopping=stopping)
+        self._hold_whole()
+        return sampler.records(batch, seed=seed, draw=draw, stopping=stopping)
 
 
 def _zeros(fields: Mapping[str, Any]) -> dict[str, np.ndarray]:

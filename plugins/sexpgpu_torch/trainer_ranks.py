@@ -14,7 +14,6 @@ kept here so the trainer reads as one device's steps.
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections.abc import Sequence
 from functools import partial
@@ -61,7 +60,7 @@ class RankedTraining:
     @property
     def evaluates_together(self) -> bool:
         """Whether ``evaluate`` and ``generate`` are collectives: with sharded
-        parameters they gather them whole first."""
+        parameters the first call after a step gathers them whole."""
         return self.sharded is not None
 
     def use_group(self, group: Any) -> None:
@@ -108,11 +107,17 @@ class RankedTraining:
             return rows_of(tensor, self.ranks.rank, self.ranks.size)
         return tensor
 
-    def _whole(self) -> Any:
-        """A block in which every parameter is whole in ``ctx.params``."""
-        if self.sharded is not None and self.sharded.attached:
-            return self.sharded.gathered()
-        return contextlib.nullcontext()
+    def _hold_whole(self) -> None:
+        """Every parameter whole in ``ctx.params`` until the next step: under ``:shard
+        full`` gathered at the first call after a step (a collective every rank enters:
+        its first eval batch or generation)."""
+        if self.sharded is not None and self.sharded.attached and not self.sharded.holding:
+            self.sharded.hold_whole()
+
+    def _let_go(self) -> None:
+        """Back to the slices alone (a step runs through FSDP2's units)."""
+        if self.sharded is not None:
+            self.sharded.let_go()
 
     def _trainable_tensors(self) -> list[Tensor]:
         """Each trainable parameter, or this rank's slice of it (``:shard full``)."""

@@ -156,7 +156,8 @@ def test_a_killed_worker_of_full_shards_restarts_to_the_bytes(full_reference, tm
 
 @pytest.mark.slow
 def test_an_eval_pass_on_full_shards_gives_one_process_numbers(full_reference, tmp_path):
-    # three batches on two ranks: every rank evaluates each, from whole parameters
+    # three batches on two ranks, shared out (0 and 2, then 1), each rank reading the
+    # parameters gathered whole at its first batch
     last, again = last_pass_and_evaluate(
         full_reference, tmp_path / "copy", "probe/accuracy", steps=STEPS
     )

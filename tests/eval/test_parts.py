@@ -187,3 +187,29 @@ def test_a_huge_evaluated_json_is_refused_from_its_first_bytes(tmp_path):
         read_evaluated(open_location(str(tmp_path)))
     assert caught.value.code == "E-EVAL-003"
     assert "it is over 67108864 bytes" in str(caught.value)
+
+
+class TogetherTrainer(FakeTrainer):
+    """A trainer whose first evaluate after a step is a collective (sharded parameters)."""
+
+    evaluates_together = True
+
+
+@pytest.mark.parametrize(("batches", "split"), [(3, True), (1, False)])
+def test_a_trainer_that_evaluates_together_gets_a_call_on_every_rank(batches, split):
+    # with fewer batches than ranks a rank would have none, and its peers would wait in
+    # its first evaluate's gather: every rank then runs every batch
+    class Pass(FakePass):
+        pass
+
+    Pass.batches = batches
+    second = TogetherTrainer()
+    PassRunner({}).run_pass(
+        Pass(),
+        second,
+        seed=7,
+        open_data=lambda d, s: Counting(),
+        stopping=lambda: False,
+        group=HalfOfTwo(1),
+    )
+    assert [int(x) for x in second.batches] == ([2] if split else [1])
