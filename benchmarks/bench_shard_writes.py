@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import socket
 import statistics
@@ -93,7 +94,7 @@ def worker(way: str, rank: int, port: int, path: str, dim: int, layers: int) -> 
             dist.all_gather(parts, padded)
             if rank == 0:
                 sizes = [c.numel() for c in torch.chunk(torch.empty(rows), 2)]
-                row = math_prod(shape[1:]) if shape else 1
+                row = math.prod(shape[1:]) if shape else 1
                 whole = torch.cat([p[: n * row] for p, n in zip(parts, sizes, strict=False)])
                 out[name][...] = whole.reshape(shape).numpy()
         if rank == 0:
@@ -117,7 +118,7 @@ def worker(way: str, rank: int, port: int, path: str, dim: int, layers: int) -> 
             for name, shape in specs.items():
                 rows = shape[0] if shape else 1
                 sizes = [c.numel() for c in torch.chunk(torch.empty(rows), 2)]
-                row_bytes = 4 * (math_prod(shape[1:]) if shape else 1)
+                row_bytes = 4 * (math.prod(shape[1:]) if shape else 1)
                 start = (
                     out[name].__array_interface__["data"][0] - base + sum(sizes[:rank]) * row_bytes
                 )
@@ -132,13 +133,6 @@ def worker(way: str, rank: int, port: int, path: str, dim: int, layers: int) -> 
     grown = _status("VmHWM") - before
     print(json.dumps({"rank": rank, "seconds": seconds, "grown_mb": grown / 1024}), flush=True)
     dist.destroy_process_group()
-
-
-def math_prod(values: tuple[int, ...]) -> int:
-    result = 1
-    for v in values:
-        result *= v
-    return result
 
 
 def _root_buffer(array):  # noqa: ANN001, ANN202 - numpy
@@ -196,7 +190,7 @@ def main() -> None:
             assert same, "the two ways wrote different files"
             for path in written.values():
                 path.unlink()
-    size = sum(math_prod(s) for s in shapes(options.dim, options.layers).values()) * 4 / 1e6
+    size = sum(math.prod(s) for s in shapes(options.dim, options.layers).values()) * 4 / 1e6
     print(f"one file of {size:.0f} MB (parameters and two states), two gloo ranks:")
     for way, runs in results.items():
         seconds = [s for s, _ in runs]

@@ -505,9 +505,8 @@ class MetricsSinkInfo:
 
 
 class DataLoader(Protocol):
-    """An open data source: yields batches and can say and restore where it is. One
-    may also build a block of a batch's rows alone (``next_part(part, parts)``, moving
-    as ``next_batch`` does): each rank of several then reads only its own."""
+    """An open data source: yields batches and can say and restore where it is; it may
+    build one of ``parts`` blocks of a batch's rows alone (``next_part(part, parts)``)."""
 
     def next_batch(self) -> dict[str, np.ndarray]:
         """The next batch, one array per field declared by the source's ``fields``."""

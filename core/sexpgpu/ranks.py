@@ -1,10 +1,12 @@
 """The ranks of a run: one process alone, or one of several a launcher started.
 
-A run asks :func:`join_group` for its group before it reads a checkpoint, since the device and
-node counts it records and compares (``E-DP-002``) are the group's. One process alone gets
-:data:`SOLO`, whose answers need no other process: a run on one device does exactly what it did
-before there were groups. Several ranks get the group a lowering's ``LoweringInfo.group`` joins
-(the torch plugin's is ``torch.distributed``); this module never imports one."""
+A run asks :func:`join_group` for its group before it reads a checkpoint, since
+the device and node counts it records and compares (``E-DP-002``) are the
+group's. One process alone gets :data:`SOLO`, whose answers need no other
+process: a run on one device does exactly what it did before there were groups.
+Several ranks get the group a lowering's ``LoweringInfo.group`` joins (the torch
+plugin's is ``torch.distributed``); this module never imports one.
+"""
 
 from __future__ import annotations
 
@@ -105,8 +107,6 @@ def check_batches(program: Program, group: RankGroup) -> None:
 def next_part(loader: DataLoader, group: RankGroup) -> dict[str, Any]:
     """This rank's rows of the loader's next global batch (all of it on one rank):
     built alone by a loader that can (``next_part``), else cut from the whole."""
-    if group.size == 1:
-        return loader.next_batch()
     if hasattr(loader, "next_part"):
         return loader.next_part(group.rank, group.size)
     batch = loader.next_batch()

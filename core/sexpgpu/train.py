@@ -1,11 +1,12 @@
 """The training loop: open the work, train step by step, checkpoint, stop.
 
 Read it top to bottom: :func:`run` opens a run (:meth:`Run.set_up`, through a
-:class:`~sexpgpu.session.Session`) and trains it (:meth:`Run.train`). A step takes a batch, lets
-the trainer propose new parameters and states, checks the proposal when the finite guard is on,
-and commits it; counters and the step advance only on commit. Checkpoints go to a
-:class:`~sexpgpu.checkpoint.checkpointer.Checkpointer` (snapshot here, written in the
-background); what a person sees, to the :class:`Reporter`."""
+:class:`~sexpgpu.session.Session`) and trains it (:meth:`Run.train`). A step takes a
+batch, lets the trainer propose new parameters and states, checks the proposal when
+the finite guard is on, and commits it; counters and the step advance only on commit.
+Checkpoints go to a :class:`~sexpgpu.checkpoint.checkpointer.Checkpointer` (snapshot
+here, written in the background); what a person sees, to the :class:`Reporter`.
+"""
 
 from __future__ import annotations
 

@@ -39,10 +39,9 @@ class PassRunner:
         batch computes as it does alone."""
         loader = open_data(eval_pass.data, seed + EVAL_SEED_OFFSET)
         batches = max(1, eval_pass.batches)
-        size = group.size if group is not None else 1
-        if batches < size and getattr(trainer, "evaluates_together", False):
-            group = None  # its first evaluate is a collective: every rank runs every batch
         rank, size = (group.rank, group.size) if group is not None else (0, 1)
+        if batches < size and getattr(trainer, "evaluates_together", False):
+            rank, size = 0, 1  # its first evaluate is a collective: every rank runs every batch
         names = list(eval_pass.metrics)
         values = [0.0] * (batches * len(names))  # batch by batch, metric by metric
         generator = getattr(eval_pass, "generator", None)

@@ -33,6 +33,7 @@ slices.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from typing import Any
 
@@ -41,6 +42,7 @@ import torch.distributed as dist
 from torch import nn
 
 from sexpgpu.lang.ir import Graph, Program
+from sexpgpu_torch.graphs import Slots
 
 Tensor = torch.Tensor
 
@@ -53,8 +55,7 @@ def plan_units(program: Program, trainable: Sequence[str]) -> tuple[list[list[st
     reads outside its own iteration (directly, in two iterations, in a nested
     repeat) goes to the root."""
     wanted = set(trainable)
-    units: list[list[str]] = []
-    seen: dict[str, int] = {}
+    iterations: dict[tuple[str, ...], None] = {}  # in order; one in several losses once
     elsewhere: set[str] = set()
 
     def read_directly(graph: Graph) -> None:
@@ -69,25 +70,17 @@ def plan_units(program: Program, trainable: Sequence[str]) -> tuple[list[list[st
     for stage in program.stages:
         for node in stage.loss.nodes:
             if node.op == "param" and node.attrs.get("path") is not None:
-                elsewhere.add(node.attrs["path"])
-            if node.op != "repeat":
-                continue
-            read_directly(node.attrs["body"])
-            for slots in node.attrs["slots"][: int(node.attrs["count"])]:
-                paths = [p for p in slots if p in wanted]
-                key = tuple(paths)
-                if not paths or any(seen.get(p, -1) != seen.get(paths[0], -1) for p in paths):
-                    elsewhere.update(paths)
-                    continue
-                if paths[0] in seen:  # the same iteration in another stage's loss
-                    continue
-                for p in paths:
-                    seen[p] = len(units)
-                units.append(list(key))
-    kept = [[p for p in unit if p not in elsewhere] for unit in units]
-    kept = [unit for unit in kept if unit]
-    in_units = {p for unit in kept for p in unit}
-    return kept, [p for p in trainable if p not in in_units]
+                elsewhere.add(node.attrs["path"])  # read outside any repeat
+            if node.op == "repeat":
+                read_directly(node.attrs["body"])
+                for slots in node.attrs["slots"][: int(node.attrs["count"])]:
+                    iterations.setdefault(tuple(p for p in slots if p in wanted))
+    shared = Counter(p for paths in iterations for p in paths)
+    elsewhere.update(p for p, n in shared.items() if n > 1)
+    units = [[p for p in paths if p not in elsewhere] for paths in iterations]
+    units = [unit for unit in units if unit]
+    in_units = {p for unit in units for p in unit}
+    return units, [p for p in trainable if p not in in_units]
 
 
 def rows_of(tensor: Tensor, rank: int, size: int) -> Tensor:
@@ -209,8 +202,6 @@ class FullyShardedTrainable:
     ) -> Callable[[Tensor, Any], Tensor]:
         """A repeat's body for its stack kernel: iteration ``i`` runs through the unit
         of ``paths[i]`` (its parameters whole in ``ctx.params`` and in the slots)."""
-        from sexpgpu_torch.graphs import Slots
-
         params = self.ctx.params
 
         def through_unit(carry: Tensor, slots: Any) -> Tensor:
