@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -29,7 +30,7 @@ from sexpgpu_torch.compiled_optim import CompiledUpdate
 from sexpgpu_torch.cuda import PinnedSnapshots
 from sexpgpu_torch.graphs import Ctx
 from sexpgpu_torch.isa_probe import remember_probes
-from sexpgpu_torch.recompiles import CompiledOnce
+from sexpgpu_torch.recompiles import CompiledOnce, watching
 from sexpgpu_torch.strategy import GraphFn, copy_plainly
 
 if TYPE_CHECKING:
@@ -187,6 +188,10 @@ class Compiled:
         seconds = round(time.perf_counter() - started, 3)
         _report_graph_breaks(breaks_before)
         return seconds
+
+    def watching(self) -> AbstractContextManager[None]:
+        """dynamo's recompile check set once for the stretch (:func:`watching`)."""
+        return watching()
 
     def read_flag(self, found: Tensor, proposal: Proposal) -> bool:
         """The flag and the step's loss in one transfer: a guarded step costs one host

@@ -13,6 +13,7 @@ functions with ``torch.compile`` (the ``compiled`` lowering).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
@@ -60,6 +61,10 @@ class Strategy(Protocol):
         """Compile what ``run_every_graph`` (one call of each graph on stand-ins) runs,
         now; the seconds it took, or ``None`` when nothing compiles."""
 
+    def watching(self) -> AbstractContextManager[None]:
+        """A stretch of eval-pass calls (a generation's trips) in which a graph that
+        compiles again is said once, as at any call, at no cost per call."""
+
     def read_flag(self, found: Tensor, proposal: Proposal) -> bool:
         """Whether the finite guard's ``found`` flag (on the device) is up."""
 
@@ -104,6 +109,10 @@ class Eager:
     def warm_up(self, run_every_graph: Callable[[], None], device: torch.device) -> None:
         """Nothing compiles: nothing is run."""
         return None
+
+    def watching(self) -> AbstractContextManager[None]:
+        """Nothing compiles: nothing to watch."""
+        return nullcontext()
 
     def read_flag(self, found: Tensor, proposal: Proposal) -> bool:
         """The flag alone (one host sync); the loss is read when asked for."""

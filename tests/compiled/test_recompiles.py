@@ -11,7 +11,7 @@ import structlog
 import torch
 
 from sexpgpu.log import get_logger
-from sexpgpu_torch.recompiles import RECOMPILED, CompiledOnce
+from sexpgpu_torch.recompiles import RECOMPILED, CompiledOnce, watching
 
 
 def _double_plus_one(x):
@@ -34,3 +34,22 @@ def test_a_guard_that_fails_after_the_first_call_is_said_once_and_the_call_still
     assert "size mismatch" in said[0]["guard"]
     # the recompile is not left switched into an error for other compiled code
     assert torch.compile(_double_plus_one, backend="eager")(torch.ones(2)).tolist() == [3.0] * 2
+
+
+def test_inside_a_watched_stretch_a_recompile_is_said_too_and_the_watch_is_put_back():
+    import torch._dynamo.config as dynamo_config
+
+    get_logger()
+    graph = CompiledOnce(torch.compile(_double_plus_one, backend="eager", dynamic=False))
+    before = dynamo_config.error_on_recompile
+    with structlog.testing.capture_logs() as logs:
+        graph(torch.ones(3))
+        with watching():  # a generation's trips: set once, not per call
+            assert dynamo_config.error_on_recompile
+            assert graph(torch.ones(3)).tolist() == [3.0] * 3
+            assert graph(torch.ones(6)).tolist() == [3.0] * 6  # compiles again, said
+            assert dynamo_config.error_on_recompile  # still watching after saying so
+            assert graph(torch.ones(7)).tolist() == [3.0] * 7
+    said = [e for e in logs if e["event"] == RECOMPILED]
+    assert len(said) == 1 and "size mismatch" in said[0]["guard"]
+    assert dynamo_config.error_on_recompile == before
