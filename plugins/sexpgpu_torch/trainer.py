@@ -34,6 +34,7 @@ from sexpgpu_torch.contracts import check_optimizer, check_states
 from sexpgpu_torch.decoding import compile_decoders
 from sexpgpu_torch.dtypes import TORCH_DTYPES
 from sexpgpu_torch.graphs import compile_graph
+from sexpgpu_torch.host_memory import give_back_freed
 from sexpgpu_torch.initializers import init_tensor
 from sexpgpu_torch.optim import clip_by_global_norm
 from sexpgpu_torch.sampling import Sampler, choose
@@ -485,6 +486,7 @@ class TorchTrainer(RankedTraining, Trainer):
         sharded = self.sharded
         assert sharded is not None
         self._let_go()  # a pass's whole parameters: not on top of the host copies
+        give_back_freed()  # nor what the steps' gathers freed (glibc keeps it)
         shapes = {d.path: tuple(d.type.shape) for d in self.decls}
         kinds = {
             d.path: "float32"
