@@ -40,9 +40,7 @@ class SexpError(Exception):
         text = self.message
         if self.code and not text.startswith(self.code):
             text = f"{self.code}: {text}"
-        if self.pos is not None:
-            text = f"{self.pos}: {text}"
-        return text
+        return text if self.pos is None else f"{self.pos}: {text}"
 
 
 class UsageError(SexpError):

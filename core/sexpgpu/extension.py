@@ -108,6 +108,10 @@ class Trainer(Protocol):
     """True when ``export`` is a collective (it gathers sharded tensors): every rank
     then calls it at each of the writer's checkpoints, and only the writer keeps it."""
 
+    holds_replicas: bool = True
+    """False when each rank holds its own slices of the model, no copy of it: there
+    are no replicas to compare at the end, and ``export`` keeps nothing off the writer."""
+
     evaluates_together: bool = False
     """True when the first ``evaluate`` or ``generate`` after a step is a collective
     (gathering sharded parameters): every rank then calls one at least once a pass."""

@@ -95,8 +95,7 @@ def check_batches(program: Program, group: RankGroup) -> None:
     ``:batch`` is the global batch, and each rank takes ``batch / size`` of it."""
     if group.size == 1:
         return
-    for stage in program.stages:
-        decl = stage.data
+    for decl in (stage.data for stage in program.stages):
         if decl.batch % group.size:
             raise UsageError(
                 f"{decl.pos}: {E_BATCH}: the batch of {decl.batch} records does not split "
@@ -112,17 +111,6 @@ def next_part(loader: DataLoader, group: RankGroup) -> dict[str, Any]:
     batch = loader.next_batch()
     rank, share = group.rank, len(next(iter(batch.values()))) // group.size
     return {name: rows[rank * share : (rank + 1) * share] for name, rows in batch.items()}
-
-
-def replica_digest(trainer: Trainer) -> bytes:
-    """The sha256 of every parameter and optimizer state the trainer holds, by name:
-    what the ranks compare to prove they hold the same model, to the byte."""
-    digest = hashlib.sha256()
-    for tensors in trainer.export(reuse=True):  # the last checkpoint is stored: its buffers
-        for name in sorted(tensors):
-            digest.update(name.encode())
-            digest.update(tensors[name].tobytes())
-    return digest.digest()
 
 
 class StopAgreement:
@@ -143,9 +131,8 @@ class StopAgreement:
         """Whether to stop now (a collective with several ranks)."""
         if self.group.size == 1:
             return self.watch.stopping
-        local = 0
-        if self.watch.stopping:
-            local = self.watch.settle()[1]  # a SIGHUP waits for a SIGTERM sent with it
+        # a SIGHUP waits for a SIGTERM sent with it
+        local = self.watch.settle()[1] if self.watch.stopping else 0
         self.agreed = self.group.max(local)
         return self.agreed > 0
 
@@ -162,10 +149,20 @@ class StopAgreement:
 
 
 def check_replicas(group: RankGroup, trainer: Trainer, step: int) -> None:
-    """At the end, every rank must hold the same parameters and states, to the byte:
-    a rank that drifted is ``E-DP-003``, never a silent average of different models.
-    It is also where the other ranks wait for rank 0's last checkpoint to be stored."""
-    if group.size > 1 and not group.same(replica_digest(trainer)):
+    """At the end, every rank must hold the same parameters and states, to the byte
+    (the sha256 of every tensor ``export`` gives, by name): a rank that drifted is
+    ``E-DP-003``, never a silent average of different models. Ranks of slices
+    (``holds_replicas`` false) compare nothing. It is also where the other ranks
+    wait for rank 0's last checkpoint to be stored."""
+    if group.size == 1:
+        return
+    digest = hashlib.sha256()
+    replicas = getattr(trainer, "holds_replicas", True)
+    for tensors in trainer.export(reuse=True) if replicas else ():  # the last one's buffers
+        for name in sorted(tensors):
+            digest.update(name.encode())
+            digest.update(tensors[name].tobytes())
+    if not group.same(digest.digest()):
         raise RunError(
             f"the {group.size} ranks hold different parameters after step {step}",
             code="E-DP-003",

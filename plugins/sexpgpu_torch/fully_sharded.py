@@ -275,6 +275,17 @@ class FullyShardedTrainable:
         """``path``'s whole parameter (an all-gather)."""
         return self.whole_of(self.local(path), path)
 
+    def whole_at_writer(self, local: Tensor, like: str) -> Tensor | None:
+        """The whole tensor of which every rank holds ``local`` (as :meth:`whole_of`)
+        on the writer alone, ``None`` on the others: they send their slices and keep
+        nothing (a gather to rank 0, each slice padded to ``torch.chunk``'s size)."""
+        size, whole = self.group.size, self._params[like].shape
+        padded = local.new_zeros((-(-whole[0] // size), *whole[1:]))
+        padded[: local.shape[0]] = local
+        parts = [torch.empty_like(padded) for _ in range(size)] if self.group.is_writer else None
+        self.group.call("gathering a tensor", lambda: dist.gather(padded, parts, dst=0))
+        return None if parts is None else torch.cat(parts)[: whole[0]].view(self._shapes[like])
+
     @property
     def holding(self) -> bool:
         """Whether every parameter is held whole (:meth:`hold_whole`)."""

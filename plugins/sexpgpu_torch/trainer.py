@@ -479,14 +479,16 @@ class TorchTrainer(RankedTraining, Trainer):
 
     def _export_slices(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         """``export`` under ``:shard full``: each tensor gathered whole from every
-        rank's slices and copied out in turn, into fresh arrays (kept ones would hold
-        a whole model's copy on every rank between checkpoints)."""
+        rank's slices on the writer, and copied out in turn, into fresh arrays (kept
+        ones would hold a whole model's copy between checkpoints); another rank sends
+        its slices and hands back nothing (``holds_replicas`` is false)."""
         from sexpgpu.checkpoint import layout_tensors
 
         sharded = self.sharded
-        assert sharded is not None
+        assert sharded is not None and self.ranks is not None
         self._let_go()  # a pass's whole parameters: not on top of the host copies
         give_back_freed()  # nor what the steps' gathers freed (glibc keeps it)
+        writer = self.ranks.is_writer
         shapes = {d.path: tuple(d.type.shape) for d in self.decls}
         kinds = {
             d.path: "float32"
@@ -495,21 +497,31 @@ class TorchTrainer(RankedTraining, Trainer):
             for d in self.decls
         }
         kept = [d.path for d in self.decls if d.trainable or d.load is None]
-        params = layout_tensors({path: (shapes[path], kinds[path]) for path in kept})
-        for path in kept:
-            whole = sharded.whole(path) if sharded.holds(path) else self.params[path]
-            self.strategy.copy_to_host({path: params[path]}, {path: whole})
         names = {
             f"{path}/{name}": (i, path, name)
             for i, path in enumerate(self.trainable)
             for name in self.states
         }
-        states = layout_tensors(
-            {key: (shapes[path], "float32") for key, (_, path, _) in names.items()}
+        params = layout_tensors({p: (shapes[p], kinds[p]) for p in kept}) if writer else {}
+        states = (
+            layout_tensors({key: (shapes[path], "float32") for key, (_, path, _) in names.items()})
+            if writer
+            else {}
         )
+
+        def copy(arrays: dict[str, np.ndarray], key: str, whole: Tensor | None) -> None:
+            if writer:  # another rank's gather gave it nothing to keep
+                self.strategy.copy_to_host({key: arrays[key]}, {key: whole})
+
+        for path in kept:
+            held = sharded.holds(path)
+            copy(
+                params,
+                path,
+                sharded.whole_at_writer(sharded.local(path), path) if held else self.params[path],
+            )
         for key, (i, path, name) in names.items():
-            whole = sharded.whole_of(self.states[name][i], path)
-            self.strategy.copy_to_host({key: states[key]}, {key: whole})
+            copy(states, key, sharded.whole_at_writer(self.states[name][i], path))
         return params, states
 
     def restore(

@@ -58,6 +58,12 @@ class RankedTraining:
         return self.owned is not None or self.sharded is not None
 
     @property
+    def holds_replicas(self) -> bool:
+        """Whether the ranks each hold the whole model (not under ``:shard full``,
+        where each holds its slices: nothing to compare at the end)."""
+        return self.sharded is None
+
+    @property
     def evaluates_together(self) -> bool:
         """Whether ``evaluate`` and ``generate`` are collectives: with sharded
         parameters the first call after a step gathers them whole."""
