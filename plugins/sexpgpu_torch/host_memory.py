@@ -5,9 +5,9 @@ returning it: under ``:shard full`` every step gathers each unit's parameters
 whole and frees them, and those blocks stay in the resident set. A checkpoint
 then lays its host copies on top of them, at the run's peak. Trimming the heap
 first (``malloc_trim(0)``, lost in the noise of a checkpoint's gathers) takes
-that peak from 0.69 of one rank's memory to 0.49 as glibc comes
-(``benchmarks/bench_shard_memory.py``; 0.59 counting only what tensors hold). Where the C library has no
-``malloc_trim`` (musl, macOS) nothing is done.
+that peak from 0.69 of one rank's memory to 0.49 as glibc comes (0.59 counting
+only what tensors hold; ``benchmarks/bench_shard_memory.py``). Where the C
+library has no ``malloc_trim`` (musl, macOS) nothing is done.
 """
 
 from __future__ import annotations
