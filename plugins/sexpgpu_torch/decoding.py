@@ -4,7 +4,9 @@ A trip of a generator needs the logits at one position, and a causal model's log
 there depend on the positions before it only through its attentions' keys and
 values. So when the root's graph allows it (:func:`sequence_plan`), the sampler runs
 two functions compiled here from that graph instead of the whole forward: *prefill*
-over the prompt's positions, then *step* over the one position written last trip.
+over the prompt's positions (what follows its last attention, at the last one
+alone: the logits are read there only), then *step* over the one position written
+last trip.
 Each causal ``attention`` writes its new keys and values into a cache of the whole
 sequence (``[records, heads, seq, width / heads]``, one per attention and repeat
 iteration, given as inputs and written in place) and attends over the positions up
@@ -320,14 +322,56 @@ class _Decoding(GraphCompiler):
         self.from_start, self.masks = from_start, masks
         self.caches: list[tuple[int, int, torch.dtype]] = []
         self.graph_id = 0
-        self.read_at: dict[tuple[int, int], int] = {}
+        self.read_at: dict[tuple[Any, ...], int] = {}
+        self.tail = False  # emitting the prefill past its last attention
 
     def emit_graph(self, graph: Graph, **kw: Any) -> list[int]:
         outer, self.graph_id = self.graph_id, id(graph)
         try:
+            if self.from_start and outer == 0:  # the prefill's own graph
+                return self._emit_to_the_last_position(graph)
             return super().emit_graph(graph, **kw)
         finally:
             self.graph_id = outer
+
+    def _emit_to_the_last_position(self, graph: Graph) -> list[int]:
+        """The prefill's graph, every op after the last one that mixes positions (an
+        attention, or a repeat of some) run at the last position alone: the logits
+        are read there only, and a vocabulary's worth per prompt position would be
+        thrown away (the hand-written loop's ``x[:, -1]`` before the head)."""
+        gid = id(graph)
+        cut = max((i for i, n in enumerate(graph.nodes) if self._mixes(n, gid)), default=-1)
+        where: dict[int, int] = {}
+        last: set[int] = set()  # the nodes whose values are at the last position already
+        for i, node in enumerate(graph.nodes):
+            self.tail = i > cut
+            args = dict(where)
+            for a in node.args if self.tail else ():
+                axis = self.plan.axes[(gid, a)]
+                if axis is not None and a not in last:
+                    args[a] = self._at_last(where[a], axis)
+            where[node.id] = self.emit_node(node, args, None, None, None, None)
+            if self.tail and node.op != "input" and self.plan.axes[(gid, node.id)] is not None:
+                last.add(node.id)  # made of values at the last position (an input is whole)
+        self.tail = False
+        return [where[i] for i in graph.outputs]
+
+    def _mixes(self, node: Node, gid: int) -> bool:
+        """Whether ``node`` mixes positions: an attention over them, or a repeat of a
+        body with one (the sequence plan allows no other way)."""
+        if node.op == "attention":
+            return self.plan.axes[(gid, node.id)] is not None
+        if node.op == "repeat":
+            body: Graph = node.attrs["body"]
+            return any(self._mixes(n, id(body)) for n in body.nodes)
+        return False
+
+    def _at_last(self, value: int, axis: int) -> int:
+        """``value`` at the last position run along ``axis`` (a view of length one)."""
+        key = (value, axis, "last")
+        if key not in self.read_at:
+            self.read_at[key] = self._line(f"{self.names[value]}.narrow({axis}, -1, 1)")
+        return self.read_at[key]
 
     def emit_node(
         self,
@@ -355,6 +399,11 @@ class _Decoding(GraphCompiler):
     def _at_positions(self, value: int, axis: int) -> int:
         """``value`` read at the positions run along ``axis`` (once per value): the
         prefill's are the first ones, a view."""
+        if self.tail:  # the prefill past its last attention: the last position alone
+            return self._at_last(self._at_positions_run(value, axis), axis)
+        return self._at_positions_run(value, axis)
+
+    def _at_positions_run(self, value: int, axis: int) -> int:
         key = (value, axis)
         if key not in self.read_at:
             name = self.names[value]

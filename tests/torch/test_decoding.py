@@ -286,3 +286,30 @@ def test_a_plugins_op_is_cached_when_its_spec_says_positionwise(positionwise: bo
         return
     assert sampler.cached is not None
     assert_cache_gives_the_whole_forward(trainer, range(4, 5))
+
+
+def test_the_prefill_runs_its_ops_past_the_last_attention_at_the_last_position_alone() -> None:
+    # the head over every prompt position would make a vocabulary's worth of logits
+    # per position, all but the last thrown away
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    trainer = lower(compile_text(STACKED, "decode.sx"))
+    trainer.init_params()
+    head = trainer.params["model.head.weight"]
+    rows: list[int] = []
+
+    class HeadRows(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if any(isinstance(a, torch.Tensor) and a.data_ptr() == head.data_ptr() for a in args):
+                rows.append(args[0].numel() // head.shape[0])
+            return func(*args, **(kwargs or {}))
+
+    sequence = random_sequences(0)
+    with HeadRows():
+        prefilled = cached_logits(trainer, sequence)[:, 0]
+    records = sequence.shape[0]
+    assert rows[0] == records  # the prefill: one position a record, not the prompt's P
+    assert rows == [records] * len(rows)  # and each later trip's one position
+    torch.testing.assert_close(
+        prefilled, whole_from_prompt(trainer, sequence)[:, 0], atol=2e-5, rtol=0
+    )
