@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -509,19 +508,17 @@ class TorchTrainer(RankedTraining, Trainer):
             else {}
         )
 
-        def copy(arrays: dict[str, np.ndarray], key: str, whole: Tensor | None) -> None:
-            if writer:  # another rank's gather gave it nothing to keep
-                self.strategy.copy_to_host({key: arrays[key]}, {key: whole})
-
-        for path in kept:
+        for path in kept:  # a gather every rank enters, in the same order
             held = sharded.holds(path)
-            copy(
-                params,
-                path,
-                sharded.whole_at_writer(sharded.local(path), path) if held else self.params[path],
+            whole = (
+                sharded.whole_at_writer(sharded.local(path), path) if held else self.params[path]
             )
+            if writer:
+                self.strategy.copy_to_host({path: params[path]}, {path: whole})
         for key, (i, path, name) in names.items():
-            copy(states, key, sharded.whole_at_writer(self.states[name][i], path))
+            whole = sharded.whole_at_writer(self.states[name][i], path)
+            if writer:
+                self.strategy.copy_to_host({key: states[key]}, {key: whole})
         return params, states
 
     def restore(
@@ -588,7 +585,7 @@ class TorchTrainer(RankedTraining, Trainer):
         with self._quietly():
             return self._run_quietly(run, inputs)
 
-    @contextmanager
+    @contextlib.contextmanager
     def _quietly(self) -> Iterator[None]:
         """Everything run inside runs as an eval pass does: no dropout, no gradients,
         the strategy watching for graphs compiled again; entered once for a whole
@@ -602,11 +599,14 @@ class TorchTrainer(RankedTraining, Trainer):
             yield
             return
         self.ctx.training, self._quiet = False, True
-        autocast = torch.autocast(self.device.type, dtype=torch.bfloat16)
+        autocast = (
+            torch.autocast(self.device.type, dtype=torch.bfloat16)
+            if self.autocast
+            else contextlib.nullcontext()
+        )
         try:
-            with torch.inference_mode(), self.strategy.watching():
-                with autocast if self.autocast else contextlib.nullcontext():
-                    yield
+            with torch.inference_mode(), self.strategy.watching(), autocast:
+                yield
         finally:
             self.ctx.inputs, self._quiet = {}, False
 
