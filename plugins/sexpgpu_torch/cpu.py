@@ -1,8 +1,9 @@
 """What torch sums with on the CPU, read from torch, and the recorded values taken.
 
 The names and the pre-import half are :mod:`sexpgpu_torch.cpu_environment`. Here the
-lowering reads what torch runs with (:func:`current`), sets the one value that
-can still change once torch runs (the thread count) and refuses with
+lowering reads what torch runs with (:func:`current`), sets the values that can
+still change once torch runs (the thread count, and MKL's reproducibility mode
+until MKL's first product: :mod:`sexpgpu_torch.mkl`) and refuses with
 ``E-CHOICE-001`` a pinned value that torch did not take (:func:`take`).
 """
 
@@ -17,6 +18,7 @@ import torch
 from sexpgpu.choices import cannot_take
 from sexpgpu.errors import CheckpointError
 from sexpgpu.kernels import device_kind
+from sexpgpu_torch import mkl
 from sexpgpu_torch.cpu_environment import (
     BLAS,
     CAPABILITY,
@@ -32,9 +34,15 @@ _WHY_NOT = {
     CAPABILITY: "torch runs '{now}' on this processor (ATEN_CPU_CAPABILITY is read when torch "
     "starts; sexpgpu run sets it only to a capability the processor has)",
     BLAS: "this torch is built with '{now}'",
-    CBWR: "MKL runs the branch '{now}' (MKL_CBWR is read when MKL starts)",
+    CBWR: "MKL runs in the mode '{now}' (MKL takes another only before its first "
+    "matrix product in the process)",
     TORCH_VERSION: "this is torch {now}",
 }
+
+DEFAULT_CBWR = "AUTO"
+"""MKL's mode for a run that pins none: conditional numerical reproducibility on, in
+the processor's own branch. With it off (MKL's default), a product may take another
+path in another process, so a resumed run would not add as the run it continues."""
 
 
 def blas() -> str:
@@ -57,8 +65,8 @@ def current(device: str) -> dict[str, str]:
     now[CAPABILITY] = torch.backends.cpu.get_cpu_capability().lower()
     now[BLAS] = blas()
     if now[BLAS].startswith("mkl"):
-        # MKL cannot be asked which branch it runs: AUTO (unset) is the processor's.
-        now[CBWR] = os.environ.get("MKL_CBWR", "AUTO")
+        # Asked of MKL itself: an unset MKL_CBWR is CNR off, not AUTO.
+        now[CBWR] = mkl.mode() or os.environ.get("MKL_CBWR", "unset")
     return now
 
 
@@ -77,11 +85,25 @@ def take(pinned: Mapping[str, str] | None, device: str) -> dict[str, str]:
             raise _refused(THREADS, threads, "it is not a thread count")
         if torch.get_num_threads() != int(threads):
             torch.set_num_threads(int(threads))
+    if device_kind(device) == "cpu":
+        _take_cbwr(pins.get(CBWR))
     now = current(device)
     for name, value in sorted(pins.items()):
         if name in now and now[name] != value:
             raise _refused(name, value, _WHY_NOT[name].format(now=now[name]))
     return now
+
+
+def _take_cbwr(pinned: str | None) -> None:
+    """Run MKL in the pinned mode, or in :data:`DEFAULT_CBWR` when none is pinned and
+    CNR is off. Where MKL no longer takes a mode (it has multiplied in this process),
+    it keeps its own: recorded as it is, and a pin it differs from is refused."""
+    now = mkl.mode()
+    if now is None:
+        return
+    wanted = pinned if pinned is not None else (DEFAULT_CBWR if now == "OFF" else now)
+    if wanted != now:
+        mkl.set_mode(wanted)
 
 
 def _refused(name: str, value: str, why: str) -> CheckpointError:

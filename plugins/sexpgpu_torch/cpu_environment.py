@@ -8,8 +8,8 @@ branch (``cpu.blas.cbwr``), and the torch version (``torch.version``). The
 lowering reads them from torch (:mod:`sexpgpu_torch.cpu`); this module holds what
 runs before torch is imported.
 
-A resume pins them. ATen reads ``ATEN_CPU_CAPABILITY`` and MKL reads
-``MKL_CBWR`` once, when they start, so ``sexpgpu run`` asks the lowering for the
+A resume pins them. ATen reads ``ATEN_CPU_CAPABILITY`` and OpenMP its thread count
+once, when they start, so ``sexpgpu run`` asks the lowering for the
 environment of its pinned choices (``LoweringInfo.environment``:
 :func:`environment_for`) and sets it before anything imports torch; the lowering
 then checks that torch took every pinned value and refuses one it did not take
@@ -35,8 +35,11 @@ TORCH_VERSION = "torch.version"
 CPU_CHOICES = (THREADS, CAPABILITY, BLAS, CBWR, TORCH_VERSION)
 """The recorded names; every other name in ``choices`` is a kernel choice site."""
 
-ENVIRONMENT = {THREADS: "OMP_NUM_THREADS", CAPABILITY: "ATEN_CPU_CAPABILITY", CBWR: "MKL_CBWR"}
-"""The variable that a pinned value is handed to before torch starts."""
+ENVIRONMENT = {THREADS: "OMP_NUM_THREADS", CAPABILITY: "ATEN_CPU_CAPABILITY"}
+"""The variable that a pinned value is handed to before torch starts. MKL's mode
+(``cpu.blas.cbwr``) is not one: the lowering sets it through MKL itself
+(:mod:`sexpgpu_torch.mkl`), since ``MKL_CBWR`` cannot say "off", the mode an unset
+variable leaves."""
 
 # The /proc/cpuinfo flags torch's own dispatch requires for each x86 capability.
 _X86_FLAGS = {
