@@ -40,6 +40,18 @@ PROFILES: dict[str, dict[str, str]] = {
 """Each profile's start-up settings (the lower capability is added where it is named)."""
 
 
+SUITE_PROFILE = os.environ.get("SEXPGPU_TEST_PROFILE", "one-thread")
+"""The profile of every `sexpgpu` the suite starts, unless a test names its own:
+``SEXPGPU_TEST_PROFILE=default-threads python -m pytest`` runs the whole suite so."""
+if SUITE_PROFILE not in PROFILES:
+    raise SystemExit(f"SEXPGPU_TEST_PROFILE={SUITE_PROFILE}: one of {', '.join(sorted(PROFILES))}")
+
+
+def suite_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``base`` (the process's environment) with the suite's profile's start-up settings."""
+    return profile_env(SUITE_PROFILE, base)
+
+
 def profile_env(name: str, base: Mapping[str, str] | None = None) -> dict[str, str]:
     """``base`` (the process's environment) with the start-up settings of the profile
     ``name`` in place of its own."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,12 +13,13 @@ from sexpgpu import checkpoint as ckpt
 from sexpgpu.lang.ir import LoadSpec, Source
 from sexpgpu_cli.commands.checkpoint import render_checkpoint
 from tests.catalogs import open_location
+from tests.profiles import suite_env
 
 from .helpers import CORE_SHA, RUN_SHA, make_program, param, write
 
 SEXPGPU = str(Path(sys.executable).parent / "sexpgpu")
 LIB_SHA = "0" * 64
-ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+ENV = suite_env()
 
 
 def _sexpgpu(*args: str) -> subprocess.CompletedProcess:

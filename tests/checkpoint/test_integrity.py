@@ -19,10 +19,11 @@ from sexpgpu.errors import CheckpointError, StorageError
 from sexpgpu.metrics import new_slug
 from tests import inprocess
 from tests.catalogs import open_location
+from tests.profiles import suite_env
 
 from .helpers import write
 
-ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+ENV = suite_env()
 
 
 def _sexpgpu(*args: str) -> subprocess.CompletedProcess:

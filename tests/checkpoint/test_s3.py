@@ -3,7 +3,6 @@ describe by ranged reads, and the spec's bucket snippet."""
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -14,6 +13,7 @@ import pytest
 from sexpgpu import checkpoint as ckpt
 from sexpgpu_cli.commands.checkpoint import render_checkpoint
 from tests.catalogs import open_location
+from tests.profiles import suite_env
 
 from .helpers import write
 from .test_cli import CountingStorage
@@ -52,7 +52,7 @@ def test_a_checkpoint_in_a_bucket(s3_bucket, program):
         [str(Path(sys.executable).parent / "sexpgpu"), "checkpoint", f"{location}/step-00000004"],
         capture_output=True,
         text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        env=suite_env(),
         timeout=120,
     )
     assert (done.returncode, done.stderr) == (0, "")

@@ -6,7 +6,6 @@ verified. The command runs as the console script in a subprocess, as a user runs
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ from sexpgpu import checkpoint as ckpt
 from sexpgpu.checkpoint.verify import verify_checkpoint
 from tests.catalogs import open_location
 from tests.e2e_storage.buckets import gcs_admin_client, s3_admin_client
+from tests.profiles import suite_env
 from tests.servers import new_bucket_name, point_gcs_at, point_s3_at, unique_prefix
 
 from .helpers import make_program, param, write
@@ -62,7 +62,7 @@ sys.exit(done.returncode)
 
 
 def _env() -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1"}
+    return suite_env()
 
 
 def _sexpgpu(*args: str) -> subprocess.CompletedProcess:

@@ -16,10 +16,13 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from sexpgpu_torch.recompiles import RECOMPILED
+from tests.profiles import PROFILES
 
 STEPS = 4
 """Steps of every drawn program, a checkpoint after each: resumes from steps 1, 2, 3."""
@@ -37,9 +40,28 @@ class Drawn:
     features: Mapping[str, str]
     choose: tuple[str, ...]
     """``--choose`` requests the program's lowering takes (``stack=recompute``)."""
+    profile: str = "one-thread"
+    """The machine profile its processes start with (``tests.profiles.PROFILES``)."""
+    devices: int = 1
+    """``--devices``: ranks on this machine (the program says how they shard)."""
+    files: Mapping[str, bytes] = field(default_factory=dict)
+    """Data files the program reads, by name in its folder."""
 
     def name(self) -> str:
         return f"seed{self.seed}-" + "-".join(f"{k}={v}" for k, v in self.features.items())
+
+    def args(self) -> list[str]:
+        """What every `sexpgpu run` of this program adds: its kernels and its ranks."""
+        asked = [a for c in self.choose for a in ("--choose", c)]
+        return [*asked, *(["--devices", str(self.devices)] if self.devices > 1 else [])]
+
+
+TOKENS = "tokens.bin"
+"""A drawn second stage's own data: a token file (another source, another batch shape)."""
+
+
+def _token_file(seed: int) -> bytes:
+    return np.random.default_rng(seed).integers(0, 16, 400, dtype=np.uint16).tobytes()
 
 
 _OPTIMIZERS = {
@@ -72,6 +94,28 @@ _LOSSES = {
 """The losses a drawn program trains with (``sort``'s records: negative targets masked)."""
 
 
+_HEADS = {16: 2, 24: 4}
+"""Attention heads by width: 8 and 6 wide (with its reproducibility mode off, MKL
+multiplied 6-wide heads of 16 positions in another order: issue 49)."""
+
+
+def _repeat(kind: str, dim: int) -> str:
+    """The layer that repeats ``blk`` twice at width ``dim``."""
+    heads = f" {_HEADS[dim]}" if kind == "attention" else ""
+    return f"  (layer blocks (repeat 2 (blk dim{heads})))"
+
+
+def _block(kind: str, dropout: float) -> list[str]:
+    """The repeated block ``blk``: an MLP with a residual (and dropout), or a transformer
+    block (attention, layer norms, an MLP)."""
+    if kind == "attention":
+        return ["(defmodel blk (dim heads)", "  (layer t (transformer-block dim heads))",
+                "  (forward (x) (t x)))"]  # fmt: skip
+    residual = f"(dropout (down (gelu (up x))) {dropout})" if dropout else "(down (gelu (up x)))"
+    return ["(defmodel blk (dim)", "  (layer up (linear dim 24))", "  (layer down (linear 24 dim))",
+            f"  (forward (x) (+ x {residual})))"]  # fmt: skip
+
+
 def draw(seed: int, *, lowering: str) -> Drawn:
     """A program drawn from ``seed`` for ``lowering`` (``torch`` or ``compiled``)."""
     rng = random.Random(seed)
@@ -85,12 +129,17 @@ def draw(seed: int, *, lowering: str) -> Drawn:
     stages = rng.choice([1, 2])
     repeat = rng.choice(["none", "plain"] + (["recompute"] if lowering == "compiled" else []))
     frozen = rng.choice([False, True])
-    loss = rng.choice(sorted(_LOSSES))  # drawn last: the other draws of a seed stay as they were
+    loss = rng.choice(sorted(_LOSSES))  # drawn before what came later: a seed keeps its program
+    new_data = rng.choice([False, True])  # for two stages: the second reads a token file
+    profile = rng.choice(sorted(PROFILES))
+    kind = rng.choice(["mlp", "attention"])
+    dim = rng.choice(sorted(_HEADS))
+    vocab = rng.choice([16, 17])  # 17: an odd width, a table cut unevenly
+    seq = rng.choice([8, 16])
 
     wd = " :weight-decay 0.01" if decay else ""
     opt = _OPTIMIZERS[optimizer].format(wd=wd)
     opt = opt[:-1] + _SCHEDULES[schedule] + (f" :clip {clip}" if clip else "") + ")"
-    block = "(+ x (dropout (down (gelu (up x))) {p}))" if dropout else "(+ x (down (gelu (up x))))"
     body = "(embed ids)"
     if repeat != "none":
         body = f"(-> {body} blocks)"
@@ -101,7 +150,7 @@ def draw(seed: int, *, lowering: str) -> Drawn:
         body = f"(dropout {body} {dropout})"
     layers = [
         "  (layer embed (embedding vocab dim))",
-        *(["  (layer blocks (repeat 2 (blk dim)))"] if repeat != "none" else []),
+        *([_repeat(kind, dim)] if repeat != "none" else []),
         "  (param head [dim vocab] :init (normal 0.1) :tags (no-decay))",
         *(["  (param bias [vocab] :init (uniform -0.1 0.1) :frozen true)"] if frozen else []),
     ]
@@ -109,23 +158,26 @@ def draw(seed: int, *, lowering: str) -> Drawn:
         schedule_lines = f"  :optimizer {opt}\n  :steps {STEPS}"
     else:
         first = "(sgd :lr 0.05)" if optimizer != "sgd" else "(adam :lr 0.01)"
+        data = " :data other" if new_data else ""
         schedule_lines = (
             f"  :optimizer {opt}\n"
             f"  :stages ((stage warm :steps 2 :optimizer {first})\n"
-            f"           (stage main :steps {STEPS - 2}))"
+            f"           (stage main :steps {STEPS - 2}{data}))"
         )
     source = "\n".join(
         [
-            "(defmodel blk (dim)",
-            "  (layer up (linear dim 24))",
-            "  (layer down (linear 24 dim))",
-            f"  (forward (x) {block.format(p=dropout)}))",
+            *_block(kind, dropout),
             "(defmodel net (vocab dim)",
             *layers,
             f"  (forward (ids) {body}))",
-            "(defdata train (sort :vocab 16) :seq 8 :batch 8)",
+            f"(defdata train (sort :vocab 16) :seq {seq} :batch 8)",
+            *(
+                [f'(defdata other (tokens :path "{TOKENS}" :dtype "uint16") :seq 6 :batch 12)']
+                if stages == 2 and new_data
+                else []
+            ),
             "(defrun drawn",
-            "  :model (net 16 16)",
+            f"  :model (net {vocab} {dim})",
             "  :data train",
             f"  :loss {_LOSSES[loss]}",
             schedule_lines,
@@ -144,13 +196,80 @@ def draw(seed: int, *, lowering: str) -> Drawn:
         "guard": "on" if guard else "off",
         "dropout": "on" if dropout else "off",
         "prec": precision,
-        "stages": str(stages),
-        "repeat": repeat,
+        "stages": str(stages) + ("+data" if stages == 2 and new_data else ""),
+        "repeat": repeat + (f"x{kind}" if repeat != "none" else ""),
+        "width": f"{dim}x{vocab}x{seq}",
         "frozen": "on" if frozen else "off",
         "loss": loss,
+        "profile": profile,
     }
     choose = ("stack=recompute",) if repeat == "recompute" else ()
-    return Drawn(seed, source, features, choose)
+    files = {TOKENS: _token_file(seed)} if stages == 2 and new_data else {}
+    return Drawn(seed, source, features, choose, profile=profile, files=files)
+
+
+def draw_sharded(seed: int) -> Drawn:
+    """A program drawn from ``seed`` for several ranks: 2 or 3 of them, each keeping
+    its slice of every parameter (``:shard full``) or of the optimizer states
+    (``:shard optimizer``); with or without a repeat (a unit per block), a table whose
+    rows split unevenly, and a scalar (FSDP2 shards no scalar); its own profile."""
+    rng = random.Random(seed)
+    devices = rng.choice([2, 3])
+    shard = rng.choice(["full", "optimizer"])
+    repeat = rng.choice([False, True])
+    vocab = rng.choice([16, 17])
+    scalar = rng.choice([False, True])
+    optimizer = rng.choice(["adam", "adamw", "sgd"])
+    clip = rng.choice([False, True])
+    profile = rng.choice(sorted(PROFILES))
+    kind = rng.choice(["mlp", "attention"])
+    dim = rng.choice(sorted(_HEADS))
+    seq = rng.choice([8, 16])
+    opt = {
+        "adam": "(adam :lr 0.01{clip})",
+        "adamw": "(adamw :lr 0.01 :weight-decay 0.01{clip})",
+        "sgd": "(sgd :lr 0.05 :momentum 0.9{clip})",
+    }[optimizer].format(clip=" :clip 0.5" if clip else "")
+    body = "(embed ids)"
+    if repeat:
+        body = f"(-> {body} blocks)"
+    body = f"(matmul {body} head)"
+    if scalar:
+        body = f"(* gain {body})"
+    source = "\n".join(
+        [
+            *_block(kind, 0.0),
+            "(defmodel net (vocab dim)",
+            "  (layer embed (embedding vocab dim))",
+            *([_repeat(kind, dim)] if repeat else []),
+            "  (param head [dim vocab] :init (normal 0.1))",
+            *(["  (param gain [] :init (ones))"] if scalar else []),
+            f"  (forward (ids) {body}))",
+            f"(defdata train (sort :vocab 16) :seq {seq} :batch 12)",
+            "(defrun drawn",
+            f"  :model (net {vocab} {dim})",
+            "  :data train",
+            f"  :loss {_LOSSES['ce']}",
+            f"  :optimizer {opt}",
+            f"  :steps {STEPS}",
+            "  :checkpoint-every 1",
+            f"  :seed {seed % 1000}",
+            f"  :shard {shard}",
+            f"  :evals ((eval probe :every {EVAL_EVERY} :batches 3 :metrics (loss accuracy))))",
+            "",
+        ]
+    )
+    features = {
+        "ranks": str(devices),
+        "shard": shard,
+        "repeat": kind if repeat else "off",
+        "width": f"{dim}x{vocab}x{seq}",
+        "scalar": "on" if scalar else "off",
+        "opt": optimizer,
+        "clip": "on" if clip else "off",
+        "profile": profile,
+    }
+    return Drawn(seed, source, features, (), profile=profile, devices=devices)
 
 
 Runner = Callable[..., subprocess.CompletedProcess]
@@ -165,8 +284,9 @@ def check_resumes(drawn: Drawn, folder: Path, *, lowering: str, run: Runner) -> 
     ``run(*args, cwd=folder)`` runs ``sexpgpu ARGS`` in a subprocess."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "drawn.sx").write_text(drawn.source)
-    asked = [a for c in drawn.choose for a in ("--choose", c)]
-    common = ["--lowering", lowering, *asked]
+    for name, data in drawn.files.items():
+        (folder / name).write_bytes(data)
+    common = ["--lowering", lowering, *drawn.args()]
     full = run("run", "drawn.sx", "--checkpoint-dir", "full", "--metrics-dir", "m-full",
                *common, cwd=folder)  # fmt: skip
     if full.returncode != 0:

@@ -2,12 +2,15 @@
 
 Each CI run draws a few programs (``tests/compiled/drawn.py``: optimizer, weight
 decay, schedule, clip, guard, dropout, bf16, two stages, a repeat with and without
-recompute, a frozen parameter, a cross-entropy or a policy-gradient loss) from a seed
+recompute, a frozen parameter, a cross-entropy or a policy-gradient loss, a second
+stage on other data) and a sharded one (2 or 3 ranks, ``:shard full`` or
+``optimizer``, with or without a repeat, an uneven table, a scalar) from a seed
 taken from the commit, so every commit tries other ones and a failure names the seed
-that makes it again. Each program
-trains uninterrupted with a checkpoint after every step, on two CPU threads as a
-user's machine would; each checkpoint is resumed in a new process, and every later
-checkpoint must hold the uninterrupted run's bytes. Each program's eval pass
+that makes it again. Each program also draws the machine profile its processes
+start with (``tests/profiles.py``: one thread, torch's default count with nothing
+set, two threads on a lower ATen capability). Each program
+trains uninterrupted with a checkpoint after every step; each checkpoint is resumed
+in a new process, and every later checkpoint must hold the uninterrupted run's bytes. Each program's eval pass
 reports the same numbers to the bit in the run, in every resumed run and in
 `sexpgpu evaluate --follow`. ``scripts/sweep_resume.py`` runs the whole sweep.
 """
@@ -20,7 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.compiled.drawn import check_resumes, draw, sexpgpu_runner
+from tests.compiled.drawn import Drawn, check_resumes, draw, draw_sharded, sexpgpu_runner
+from tests.profiles import profile_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -50,8 +54,19 @@ def test_a_drawn_program_resumes_to_the_bit_from_every_checkpoint(
 ):
     # the two lowerings try different programs
     drawn = draw(SEED + index + (0 if lowering == "compiled" else 1_000_003), lowering=lowering)
-    run = sexpgpu_runner({**compiled_env, "OMP_NUM_THREADS": "2"})
-    differences = check_resumes(drawn, tmp_path, lowering=lowering, run=run)
+    _check(drawn, lowering, tmp_path, compiled_env)
+
+
+@pytest.mark.parametrize("index", range(COUNT))
+def test_a_drawn_sharded_program_resumes_to_the_bit_from_every_checkpoint(
+    index: int, tmp_path: Path, compiled_env: dict[str, str]
+):
+    _check(draw_sharded(SEED + index + 2_000_003), "torch", tmp_path, compiled_env)
+
+
+def _check(drawn: Drawn, lowering: str, folder: Path, env: dict[str, str]) -> None:
+    run = sexpgpu_runner(profile_env(drawn.profile, env))
+    differences = check_resumes(drawn, folder, lowering=lowering, run=run)
     assert not differences, (
         f"{drawn.name()} (SEXPGPU_DRAWN_SEED={drawn.seed}):\n"
         + "\n".join(differences)

@@ -10,14 +10,16 @@ import sys
 import time
 from pathlib import Path
 
+from tests.profiles import suite_env
+
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
 SEXPGPU = [sys.executable, "-c", "from sexpgpu_cli.main import main; main()"]
 
 
 def sexpgpu_env(**extra: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update({"OMP_NUM_THREADS": "1", "SEXPGPU_LOG_FORMAT": "json", "PYTHONUNBUFFERED": "1"})
+    env = suite_env()
+    env.update({"SEXPGPU_LOG_FORMAT": "json", "PYTHONUNBUFFERED": "1"})
     env.update(extra)
     return env
 

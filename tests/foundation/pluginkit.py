@@ -16,6 +16,8 @@ import textwrap
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from tests.profiles import suite_env
+
 REPO = Path(__file__).resolve().parents[2]
 
 # A third-party plugin that opens mem:// locations (objects kept as files under
@@ -184,7 +186,7 @@ def user_env(pythonpath: Iterable[Path] = (), **extra: str) -> dict[str, str]:
     paths = [str(p) for p in pythonpath]
     if paths:
         env["PYTHONPATH"] = os.pathsep.join(paths)
-    env["OMP_NUM_THREADS"] = "1"
+    env = suite_env(env)
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     env.update(extra)
     return env

@@ -18,6 +18,7 @@ import pytest
 
 from tests import preloaded
 from tests.catalogs import tiny_program
+from tests.profiles import suite_env
 
 SEXPGPU = [sys.executable, "-c", preloaded.CONSOLE_CODE]
 PIPES = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
@@ -25,7 +26,7 @@ PIPES = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
 
 @pytest.fixture
 def env() -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    return {**suite_env(), "PYTHONUNBUFFERED": "1"}
 
 
 def timeless(log: str) -> str:

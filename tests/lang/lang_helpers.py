@@ -10,6 +10,7 @@ from pathlib import Path
 from sexpgpu import lang
 from sexpgpu.catalog import Catalog
 from sexpgpu.lang.ir import Program, TensorType
+from tests.profiles import suite_env
 
 HERE = Path(__file__).parent
 FAKE = HERE / "fakeplugin"
@@ -62,8 +63,7 @@ def cli_env() -> dict[str, str]:
     """The environment for running `sexpgpu` in a subprocess: the project's own
     plugins only (the fake would conflict with the real data sources and optimizers)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SEXPGPU_")}
-    env["OMP_NUM_THREADS"] = "1"
-    return env
+    return suite_env(env)
 
 
 def program(body: str, *, run: str = "", name: str = "t.sx", **kw) -> Program:
