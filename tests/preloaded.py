@@ -158,7 +158,14 @@ class Preloader:
         preloader.settings, preloader.address = settings, address
         return preloader
 
-    def __init__(self, settings: tuple[tuple[str, str], ...]) -> None:
+    forks = True
+    """False for a preloader whose imports initialised CUDA: a child forked from it
+    could not use CUDA ("Cannot re-initialize CUDA in forked subprocess"), so its
+    commands get fresh interpreters."""
+
+    def __init__(
+        self, settings: tuple[tuple[str, str], ...], imports: tuple[str, ...] = ()
+    ) -> None:
         self.settings = settings
         self.folder = Path(tempfile.mkdtemp(prefix="sexpgpu-preload-"))
         self.address = str(self.folder / "socket")
@@ -173,6 +180,7 @@ class Preloader:
                 "from tests.preloaded import serve; serve()",
                 self.address,
                 *(PRELOAD_TO_COMPILE if COMPILE_CACHE in dict(settings) else ()),
+                *imports,
             ],  # fmt: skip
             cwd=Path(__file__).resolve().parents[1],
             env=env,
@@ -180,6 +188,10 @@ class Preloader:
             stdout=subprocess.PIPE,
         )
         ready = self.process.stdout.readline()
+        if ready == CUDA_INITIALISED:
+            self.forks = False
+            self.process.wait()
+            return
         if ready != b"ready\n":
             self.process.kill()
             self.process.wait()
@@ -237,7 +249,8 @@ class _Preloaders:
                 # the second one only once the settings come a third time: a preloader
                 # costs what a fresh interpreter does, so settings seen twice gain nothing
                 pair[turn] = Preloader(settings)
-            return pair[turn]
+            preloader = pair[turn]
+            return preloader if preloader is None or preloader.forks else None
 
     def known(self) -> list:
         """Each set of settings with its preloaders' addresses, for a forked child."""
@@ -387,6 +400,16 @@ def _receive(connection: socket.socket, size: int) -> bytes:
 # ---------------------------------------------------------------- the preloader's side
 
 
+CUDA_INITIALISED = b"cuda initialised\n"
+"""What a preloader answers instead of ``ready`` when its imports initialised CUDA."""
+
+
+def cuda_initialised() -> bool:
+    """Whether this interpreter has initialised CUDA (torch's own record of it)."""
+    torch = sys.modules.get("torch")
+    return bool(torch is not None and torch.cuda.is_initialized())
+
+
 def serve() -> None:
     """The preloader: import, then fork a child per request until stdin closes.
 
@@ -396,6 +419,10 @@ def serve() -> None:
     address, *more = sys.argv[1:]
     for name in (*PRELOAD, *more):
         __import__(name)
+    if cuda_initialised():
+        sys.stdout.buffer.write(CUDA_INITIALISED)
+        sys.stdout.flush()
+        os._exit(0)
     # What the imports made lives as long as every child does: out of the collector's
     # sight, a child's collections (its last one as it exits above all) neither walk
     # them nor write to their pages, which would copy each page the fork shares.

@@ -175,3 +175,20 @@ def test_forked_ranks_write_the_same_checkpoint_bytes_as_fresh_ones(tmp_path, en
             str(p.relative_to(root)): p.read_bytes() for p in root.rglob("ckpt/**/*.safetensors")
         }
     assert written["fresh"] and written["forked"] == written["fresh"]
+
+
+def test_a_preloader_whose_imports_initialised_cuda_forks_nothing(env):
+    # On a GPU machine a child forked from an interpreter that initialised CUDA cannot
+    # use CUDA ("Cannot re-initialize CUDA in forked subprocess"): its commands start
+    # fresh interpreters instead.
+    settings = preloaded.load_time_settings(env)
+    helper = preloaded.Preloader(settings, imports=("tests.foundation.cuda_initialised",))
+    try:
+        assert helper.forks is False and helper.process.returncode == 0
+        preloaders = preloaded._Preloaders()
+        preloaders._seen[settings] = 4
+        preloaders._pairs[settings] = [helper, helper]
+        assert preloaders.for_settings(settings) is None
+    finally:
+        helper.stop()
+    assert not preloaded.cuda_initialised()  # this process has not touched CUDA either
