@@ -201,22 +201,10 @@ class Run:
             while self.step < total:
                 step = self.step + 1
                 stage, step_in_stage = program.stage_of(step)
-                if stage != self.loader_stage:
-                    self._open_stage_loader(stage)
                 decl = program.stages[stage]
-                given = self.loader.position() if decl.generator else None
-                batch = next_part(self.loader, self.group)  # this rank's rows of it
-                if decl.generator:
-                    batch = self.trainer.generate(
-                        decl.generator,
-                        batch,
-                        seed=program.run.seed,
-                        draw=("step", step),
-                        stopping=self.stops.pass_may_stop,
-                    )
-                    if batch is None:  # abandoned: its prompts go back, nothing was counted
-                        self.loader.restore(given)
-                        return self._interrupted(generating=True)
+                batch = self._take_batch(step, stage)
+                if batch is None:  # a signal abandoned its generation: nothing was counted
+                    return self._interrupted(generating=True)
                 lr = lr_at(decl.optimizer, step_in_stage, decl.steps)
                 proposal = self.trainer.propose(batch, stage=stage, step=step, lr=lr)
                 self._report_unreported()  # the step before: this one is queued behind it
@@ -265,6 +253,34 @@ class Run:
                 traceback.print_exc(file=f)
             at = self.failing_as or f"step {self.step + 1}"
             return self._failed(f"{at}: {line} (traceback in {where})")
+
+    def _take_batch(self, step: int, stage: int) -> Mapping[str, Any] | None:
+        """This rank's part of step ``step``'s batch, or the records its stage's generator
+        makes from it; ``None`` when a signal abandons the generation. The abandoned
+        step's prompts then go back to the loader, and a loader opened for its stage
+        gives way to the stage before's again: the step kept is checkpointed with the
+        loader a run never stopped has there, and the resume takes the same prompts."""
+        kept_loader = None
+        if stage != self.loader_stage:
+            kept_loader = (self.loader_info, self.loader, self.loader_stage)
+            self._open_stage_loader(stage)
+        generator = self.program.stages[stage].generator
+        given = self.loader.position() if generator else None
+        batch = next_part(self.loader, self.group)  # this rank's rows of it
+        if generator is None:
+            return batch
+        records = self.trainer.generate(
+            generator,
+            batch,
+            seed=self.program.run.seed,
+            draw=("step", step),
+            stopping=self.stops.pass_may_stop,
+        )
+        if records is None:
+            self.loader.restore(given)
+            if kept_loader is not None:
+                self.loader_info, self.loader, self.loader_stage = kept_loader
+        return records
 
     def _guard(self, proposal: Any) -> None:
         """The finite guard: refuse a proposal with a value that is not finite. The

@@ -26,7 +26,13 @@ import pytest
 from tests.foundation.pluginkit import sexpgpu_command, user_env
 
 from .gating import GATED_LM, make_gate_plugin
-from .helpers import SIGNALS, assert_every_checkpoint_complete, assert_same_tensors, events
+from .helpers import (
+    SIGNALS,
+    assert_every_checkpoint_complete,
+    assert_same_tensors,
+    events,
+    step_dirs,
+)
 
 IMITATE, REINFORCE, TRIPS = 2, 5, 4
 PROGRAM = f"""
@@ -56,9 +62,9 @@ def plugins(tmp_path_factory) -> Path:
     return make_gate_plugin(root)
 
 
-def _site(root: Path) -> Path:
+def _site(root: Path, source: str = PROGRAM) -> Path:
     root.mkdir(parents=True, exist_ok=True)
-    (root / "gated.sx").write_text(PROGRAM)
+    (root / "gated.sx").write_text(source)
     (root / "gate" / "rank-0").mkdir(parents=True, exist_ok=True)
     return root
 
@@ -92,10 +98,14 @@ def wait_for(path: Path, proc: subprocess.Popen) -> None:
         time.sleep(0.005)
 
 
+def notes(run_dir: Path) -> list[str]:
+    """The run's annotations."""
+    return [e.get("text", "") for e in events(run_dir) if e.get("kind") == "annotation"]
+
+
 def stops(run_dir: Path) -> list[str]:
     """The run's annotations of how it stopped."""
-    notes = [e.get("text", "") for e in events(run_dir) if e.get("kind") == "annotation"]
-    return [n for n in notes if n.startswith("interrupted")]
+    return [n for n in notes(run_dir) if n.startswith("interrupted")]
 
 
 def step_dir(site: Path, step: int) -> Path:
@@ -175,6 +185,47 @@ def test_a_signal_while_generating_abandons_the_step_and_the_resume_is_exact(
     ).read_bytes(), context
     assert_same_tensors(step_dir(site, kept), step_dir(whole, kept))
     _resume_and_compare(site, plugins, lowering, whole)
+
+
+EVERY = 3
+SPARSE_PROGRAM = PROGRAM.replace(":checkpoint-every 1", f":checkpoint-every {EVERY}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("never_stopped", ["torch"], indirect=True)
+@pytest.mark.parametrize("step", [IMITATE + 1, IMITATE + 3])
+def test_a_signal_while_generating_between_checkpoints_is_resumed_from_its_own_checkpoint(
+    tmp_path, plugins, never_stopped, step
+):
+    """With a checkpoint every 3 steps, the step kept is checkpointed by the signal alone:
+    its ``state.json`` records where the loader is once the abandoned step's prompts are
+    given back, and the resume starts from it. Step 3 is the generating stage's first (the
+    step kept is the stage before's last), step 5 one inside it."""
+    lowering, whole = never_stopped
+    kept = step - 1
+    assert kept % EVERY, "a scheduled checkpoint of the step kept would hide the signal's"
+    trip = random.Random(f"between-checkpoints-{step}").randrange(TRIPS - 1)
+    at = (step - IMITATE - 1) * TRIPS + trip + 1
+    assert _trip(at) == (step, trip)
+    site = _site(tmp_path / "site", SPARSE_PROGRAM)
+    proc = _gated_run(site, plugins, lowering, at)
+    os.kill(proc.pid, SIGNALS["SIGTERM"])
+    (site / "gate" / "rank-0" / "release").touch()
+    out, err = finish(proc)
+    context = f"SIGTERM at trip {trip} of step {step}"
+    assert proc.returncode == 143, f"{context}: {err}"
+    scheduled = [s for s in range(1, kept) if s % EVERY == 0]
+    assert step_dirs(site / "ckpt") == [f"step-{s:08d}" for s in [*scheduled, kept]], context
+    (run_dir,) = (site / "m").iterdir()
+    assert stops(run_dir) == [f"interrupted by SIGTERM at step {kept} while generating"]
+    # the signal's checkpoint is the one a run never stopped writes at that step
+    assert (step_dir(site, kept) / "state.json").read_bytes() == (
+        step_dir(whole, kept) / "state.json"
+    ).read_bytes(), context
+    assert_same_tensors(step_dir(site, kept), step_dir(whole, kept))
+    _resume_and_compare(site, plugins, lowering, whole)
+    resumed = [n for n in notes(run_dir) if n.startswith("resumed from ")]
+    assert [n.splitlines()[0] for n in resumed] == [f"resumed from ckpt/step-{kept:08d}"], resumed
 
 
 @pytest.mark.slow
