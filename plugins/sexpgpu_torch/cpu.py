@@ -70,28 +70,46 @@ def current(device: str) -> dict[str, str]:
     return now
 
 
-def take(pinned: Mapping[str, str] | None, device: str) -> dict[str, str]:
+MOST_THREADS = 1 << 16
+"""A thread count past this is no machine's: a forged or damaged record, refused."""
+
+
+def take(
+    pinned: Mapping[str, str] | None, device: str, threads: int | None = None
+) -> dict[str, str]:
     """Set the pinned thread count, check every other pinned value was taken, and
     return the choices to record (:func:`current`).
+
+    ``threads`` is the count a new run takes when none is pinned and the user set no
+    ``OMP_NUM_THREADS`` (:mod:`sexpgpu_torch.threads`); ``None`` leaves torch's own.
 
     A pinned value torch does not run with (a capability the processor lacks,
     another BLAS or torch) is :class:`CheckpointError` ``E-CHOICE-001`` naming the
     choice. Pins of a choice this device does not record are ignored.
     """
     pins = {k: str(v) for k, v in (pinned or {}).items() if is_cpu_choice(k)}
-    if THREADS in pins and device_kind(device) == "cpu":
-        threads = pins[THREADS]
-        if not threads.isdigit() or int(threads) < 1:
-            raise _refused(THREADS, threads, "it is not a thread count")
-        if torch.get_num_threads() != int(threads):
-            torch.set_num_threads(int(threads))
     if device_kind(device) == "cpu":
+        _take_threads(pins.get(THREADS), threads)
         _take_cbwr(pins.get(CBWR))
     now = current(device)
     for name, value in sorted(pins.items()):
         if name in now and now[name] != value:
             raise _refused(name, value, _WHY_NOT[name].format(now=now[name]))
     return now
+
+
+def _take_threads(pinned: str | None, chosen: int | None) -> None:
+    """Run the pinned count; else the chosen one unless the user set OpenMP's."""
+    if pinned is not None:
+        if not pinned.isdigit() or not 1 <= int(pinned) <= MOST_THREADS:
+            raise _refused(THREADS, pinned, "it is not a thread count")
+        count = int(pinned)
+    elif chosen is not None and "OMP_NUM_THREADS" not in os.environ:
+        count = chosen
+    else:
+        return
+    if torch.get_num_threads() != count:
+        torch.set_num_threads(count)
 
 
 def _take_cbwr(pinned: str | None) -> None:

@@ -26,6 +26,7 @@ from sexpgpu_torch.cuda import runnable, take_conv_engine, take_eager_determinis
 from sexpgpu_torch.names import COMPILED, LOWERING
 from sexpgpu_torch.shards import take_shard
 from sexpgpu_torch.strategy import Eager
+from sexpgpu_torch.threads import choose as choose_threads
 from sexpgpu_torch.trainer import TorchTrainer
 
 COMPILE_BACKEND = "compile.backend"
@@ -49,7 +50,7 @@ class EagerLowering:
             program, lowering=LOWERING, device=device, kernels=supplies.kernels, choices=choices
         )
         # Before any graph is built: the sums are the pinned threads' from the start.
-        cpu_choices = take_cpu_choices(choices.pins(), device)
+        cpu_choices = take_cpu_choices(choices.pins(), device, choose_threads(program))
         shard = take_shard(program, choices)
         return TorchTrainer(
             program,
@@ -86,7 +87,7 @@ class CompiledLowering:
             program, lowering=COMPILED, device=device, kernels=here, choices=choices
         )
         take_conv_engine(chosen, device)
-        cpu_choices = take_cpu_choices(pins, device)
+        cpu_choices = take_cpu_choices(pins, device, choose_threads(program))
         shard = take_shard(program, choices)
         return TorchTrainer(
             program,

@@ -150,6 +150,7 @@ def test_a_pinned_thread_count_is_set(threads_kept) -> None:
         ("torch.version", "1.0.0"),
         ("cpu.threads", "many"),
         ("cpu.threads", "0"),
+        ("cpu.threads", "99999999999"),  # a forged record: no overflow, one line
     ],
 )
 def test_a_pin_torch_does_not_take_is_e_choice_001(threads_kept, name, value) -> None:

@@ -9,7 +9,6 @@ import os
 import platform
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -177,9 +176,11 @@ def test_threads_are_recorded_shown_and_pinned_against_threads(tmp_path):
     assert "E-CHOICE-001" in asked.stderr and "--threads 1" in asked.stderr
 
 
-def _default_threads(folder: Path, *, affinity: set[int] | None, **env: str) -> str:
+def _default_threads(
+    folder: Path, *, affinity: set[int] | None, model: str = MODEL, **env: str
+) -> str:
     folder.mkdir()
-    (folder / "lm.sx").write_text(MODEL)
+    (folder / "lm.sx").write_text(model)
     unset = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
     environment = {k: v for k, v in sexpgpu_env(**env).items() if k not in unset}
     environment.update(env)
@@ -206,15 +207,18 @@ def _default_threads(folder: Path, *, affinity: set[int] | None, **env: str) -> 
     return _choices(folder / "ckpt" / FOUR)["cpu.threads"]
 
 
-def test_a_new_run_takes_the_cores_it_may_use_or_omp_num_threads(tmp_path):
-    cores = os.sched_getaffinity(0)
-    # torch's own default (what the example digests were taken with), here and now
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
-    ask = "import torch; print(torch.get_num_threads())"
-    torch_default = subprocess.run(
-        [sys.executable, "-c", ask], env=env, capture_output=True, text=True, check=True
-    ).stdout.strip()
-    assert 1 <= int(torch_default) <= len(cores)
-    assert _default_threads(tmp_path / "all", affinity=None) == torch_default
-    assert _default_threads(tmp_path / "one", affinity={min(cores)}) == "1"
-    assert _default_threads(tmp_path / "omp", affinity=None, OMP_NUM_THREADS="1") == "1"
+# Four times the width: some 630 million multiply-adds a step, two threads' worth.
+WIDE = MODEL.replace("(gpt 16 16 32 4 2)", "(gpt 16 16 128 4 2)")
+
+
+def test_a_new_run_takes_threads_by_its_work_and_the_cores_it_may_use(tmp_path):
+    from sexpgpu_torch.threads import usable_cores
+
+    assert _default_threads(tmp_path / "small", affinity=None) == "1"
+    assert _default_threads(tmp_path / "wide", affinity=None, model=WIDE) == str(
+        min(2, usable_cores())
+    )
+    one = {min(os.sched_getaffinity(0))}
+    assert _default_threads(tmp_path / "one", affinity=one, model=WIDE) == "1"
+    # the user's OpenMP count wins
+    assert _default_threads(tmp_path / "omp", affinity=None, OMP_NUM_THREADS="2") == "2"
