@@ -1,12 +1,15 @@
-"""The CUDA plugin: the kernels that run on CUDA only, for the compiled lowering.
+"""The CUDA plugin: the kernels that run on CUDA only, for the torch plugin's two
+lowerings (eager ``torch`` and ``compiled``).
 
 Attention through one SDPA backend each (``flash``, ``cudnn``, ``efficient``,
 ``sdpa-math``) and convolution through cuDNN's engines (``cudnn``,
-``cudnn-benchmark``). The lowering that calls them, ``compiled``, is the torch
-plugin's (:mod:`sexpgpu_torch`), as are what it sets on a CUDA machine (the
-determinism and TF32 switches, which of these kernels this GPU can run, the cuDNN
-engine of the chosen convolutions) and the pinned checkpoint snapshots; this plugin
-builds on it. Importing this module stays cheap: torch is imported by the factories
+``cudnn-benchmark``). The lowerings that call them are the torch plugin's
+(:mod:`sexpgpu_torch`), as are what they set on a CUDA machine (the determinism
+and TF32 switches, which of these kernels this GPU can run, the cuDNN engine of
+the chosen convolutions) and the pinned checkpoint snapshots; this plugin builds on
+them. Each kernel is offered to both lowerings: the eager one on a GPU picks flash
+attention where it is deterministic, as the compiled one does (before, it had only
+the eager ``math`` and ``sdpa`` kernels and ran ``math``). Importing this module stays cheap: torch is imported by the factories
 only. See docs/cuda.md.
 """
 
@@ -17,7 +20,7 @@ from typing import Any
 
 from sexpgpu.extension import KernelInfo, module_missing
 from sexpgpu.hookspecs import hookimpl
-from sexpgpu_torch.names import COMPILED
+from sexpgpu_torch.names import COMPILED, LOWERING
 
 
 @hookimpl
@@ -35,9 +38,9 @@ def _kernel(name: str) -> Callable[[], Callable[..., Any]]:
     return factory
 
 
-# (kind, name, function, deterministic, priority, doc): the compiled lowering's CUDA
-# kernels. Beside them it calls every kernel of the eager torch lowering (math, sdpa,
-# direct, unrolled, looped), which run under a trace as they run eagerly.
+# (kind, name, function, deterministic, priority, doc): the CUDA kernels of both
+# lowerings. Beside them the compiled one calls every kernel of the eager lowering
+# (math, sdpa, direct, unrolled, looped), which run under a trace as they run eagerly.
 _KERNELS = (
     # torch's flash backward takes its deterministic path when the determinism switch
     # is on, which a deterministic run sets
@@ -66,12 +69,12 @@ _KERNELS = (
 
 @hookimpl
 def sexpgpu_kernels() -> list[KernelInfo]:
-    """CUDA attention backends and cuDNN convolution engines."""
+    """CUDA attention backends and cuDNN convolution engines, for either lowering."""
     return [
         KernelInfo(
             kind=kind,
             name=name,
-            lowering=COMPILED,
+            lowering=lowering,
             devices=("cuda",),
             deterministic=deterministic,
             factory=_kernel(function),
@@ -79,4 +82,5 @@ def sexpgpu_kernels() -> list[KernelInfo]:
             doc=doc,
         )
         for kind, name, function, deterministic, priority, doc in _KERNELS
+        for lowering in (LOWERING, COMPILED)
     ]

@@ -46,9 +46,11 @@ class EagerLowering:
         if kind == "cuda" and not torch.cuda.is_available():
             raise PluginError(f"--device {device}: torch sees no CUDA device here")
         take_eager_determinism(program, device)
+        here = runnable(supplies.kernels, program, device)
         chosen = choose_kernels(
-            program, lowering=LOWERING, device=device, kernels=supplies.kernels, choices=choices
+            program, lowering=LOWERING, device=device, kernels=here, choices=choices
         )
+        take_conv_engine(chosen, device)
         # Before any graph is built: the sums are the pinned threads' from the start.
         cpu_choices = take_cpu_choices(choices.pins(), device, choose_threads(program))
         shard = take_shard(program, choices)

@@ -81,8 +81,20 @@ def test_deterministic_runs_take_the_best_deterministic_kernels() -> None:
     assert names(chosen) == {ATTN: "math", CONV: "direct", STACK: "unrolled"}
 
 
-def test_non_deterministic_runs_may_take_sdpa() -> None:
+def test_on_cuda_the_eager_lowering_takes_the_cuda_plugin_s_kernels_too() -> None:
+    # flash attention where it is deterministic (its backward's deterministic path is
+    # taken under the determinism switch), as the compiled lowering does; cuDNN's
+    # convolution engines, benchmarking only where the run is not deterministic
+    chosen = choose_kernels(sites_program(), device="cuda:0", kernels=builtin(), pinned=None)
+    assert names(chosen) == {ATTN: "flash", CONV: "cudnn", STACK: "unrolled"}
     chosen = choose_kernels(sites_program(False), device="cuda:0", kernels=builtin(), pinned=None)
+    assert names(chosen) == {ATTN: "flash", CONV: "cudnn-benchmark", STACK: "unrolled"}
+    assert all(k.lowering == "torch" for k in chosen.values())
+
+
+def test_without_the_cuda_plugin_a_non_deterministic_run_may_take_sdpa() -> None:
+    eager_own = [k for k in builtin() if "cuda" not in k.devices or "cpu" in k.devices]
+    chosen = choose_kernels(sites_program(False), device="cuda:0", kernels=eager_own, pinned=None)
     assert names(chosen) == {ATTN: "sdpa", CONV: "direct", STACK: "unrolled"}
 
 
