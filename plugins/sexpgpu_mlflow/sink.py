@@ -47,8 +47,8 @@ EVALUATE = "evaluate"  # the `source` of the points `sexpgpu evaluate` reports
 
 def _credentials(uri: str) -> str:
     # Everything between the scheme and the last `@`: the user and password, even
-    # when the password holds an `@` or a `/` that the URL did not percent-encode
-    # (which the pattern of `redact` does not reach), and in a URI with no scheme.
+    # when the password holds an `@` or a `/` that the URL did not percent-encode,
+    # and in a URI with no scheme (`_masked` replaces them as the client quotes them).
     _, marker, rest = uri.partition("://")
     return (rest if marker else uri).rpartition("@")[0]
 

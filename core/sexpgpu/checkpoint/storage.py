@@ -25,14 +25,23 @@ PROBE_PREFIX = ".sexpgpu-probe-"
 _SCHEME = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
 
 
-# user:password@ (or a token@) in any URL of a message: the credentials are replaced.
-_CREDENTIALS_IN_URL = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s@]+@")
+# The credentials of a URL in a message: after its scheme, a user and ":" then a
+# password up to the word's last "@" (a password may hold an "@" or a "/" its
+# writer did not percent-encode), or a user or token up to its last "@" before any
+# "/". A host:port whose path holds an "@" is masked with it: more than the
+# credentials, never less.
+_CREDENTIALS_IN_URL = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)(?:[^\s/:@]*:\S*|[^\s/]*)@")
+# The same without a scheme (``user:secret@host:9000``), as a word of its own: a
+# user, ":" (not the "://" of a scheme) and a password up to the word's last "@".
+_CREDENTIALS_WITHOUT_SCHEME = re.compile(r"(?<![^\s'\"(<=,;])[^\s/:@'\"(<=,;]+:(?!//)\S*@")
 
 
 def redact(text: str) -> str:
     """``text`` with the credentials of every URL in it replaced by ``***``
-    (``http://user:secret@host`` -> ``http://***@host``), for messages, logs and metrics."""
-    return _CREDENTIALS_IN_URL.sub(r"\1***@", text)
+    (``http://user:secret@host`` -> ``http://***@host``, ``user:secret@host`` ->
+    ``***@host``), for messages, logs and metrics."""
+    text = _CREDENTIALS_IN_URL.sub(r"\1***@", text)
+    return _CREDENTIALS_WITHOUT_SCHEME.sub("***@", text)
 
 
 def scheme_of(uri: str) -> str:
