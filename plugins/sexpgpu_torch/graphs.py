@@ -39,7 +39,7 @@ class Ctx:
     run's parameters are fully sharded (:mod:`sexpgpu_torch.fully_sharded`), runs
     each iteration of a repeat through the module that gathers its parameters."""
 
-    __slots__ = ("params", "inputs", "step", "training", "seed", "device", "units")
+    __slots__ = ("params", "inputs", "step", "training", "seed", "device", "units", "align")
 
     def __init__(self, seed: int, device: torch.device) -> None:
         self.params: dict[str, Tensor] = {}
@@ -49,6 +49,7 @@ class Ctx:
         self.seed = seed
         self.device = device
         self.units: Any = None
+        self.align = 0  # the multiple matrix products are padded to as graphs are built
 
     def dropout_mask(
         self, shape: Sequence[int], keep: float, key: int, iteration: int | None
@@ -184,6 +185,11 @@ class GraphCompiler:
     def arg_type(self, node: Node, i: int) -> Any:
         """The type of ``node``'s argument ``i``."""
         return self.types[node.args[i]]
+
+    @property
+    def align(self) -> int:
+        """The multiple a matrix product's inner and outer dimensions are padded to."""
+        return self.ctx.align
 
     def dropout(self, p: float, key: int, iteration: int | None) -> Callable[..., Tensor]:
         """Dropout whose mask is drawn from ``(seed, "dropout", step, key[, iteration])``.

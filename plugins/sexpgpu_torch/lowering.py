@@ -22,7 +22,13 @@ from sexpgpu.kernels import choose_kernels, device_kind
 from sexpgpu.lang.ir import Program
 from sexpgpu_torch.compiled import BACKEND, Compiled, prepare_caches
 from sexpgpu_torch.cpu import take as take_cpu_choices
-from sexpgpu_torch.cuda import runnable, take_conv_engine, take_eager_determinism, take_switches
+from sexpgpu_torch.cuda import (
+    runnable,
+    take_alignment,
+    take_conv_engine,
+    take_eager_determinism,
+    take_switches,
+)
 from sexpgpu_torch.names import COMPILED, LOWERING
 from sexpgpu_torch.shards import take_shard
 from sexpgpu_torch.strategy import Eager
@@ -53,6 +59,7 @@ class EagerLowering:
         take_conv_engine(chosen, device)
         # Before any graph is built: the sums are the pinned threads' from the start.
         cpu_choices = take_cpu_choices(choices.pins(), device, choose_threads(program))
+        align, aligned = take_alignment(device, choices.pins())
         shard = take_shard(program, choices)
         return TorchTrainer(
             program,
@@ -61,8 +68,9 @@ class EagerLowering:
             optimizers=supplies.optimizers,
             ops=supplies.ops,
             strategy=Eager(),
-            made=cpu_choices,
+            made={**cpu_choices, **aligned},
             shard=shard,
+            align=align,
         )
 
 
@@ -90,6 +98,7 @@ class CompiledLowering:
         )
         take_conv_engine(chosen, device)
         cpu_choices = take_cpu_choices(pins, device, choose_threads(program))
+        align, aligned = take_alignment(device, pins)
         shard = take_shard(program, choices)
         return TorchTrainer(
             program,
@@ -98,8 +107,9 @@ class CompiledLowering:
             optimizers=supplies.optimizers,
             ops=supplies.ops,
             strategy=Compiled(torch.device(device)),
-            made={**cpu_choices, **switches, COMPILE_BACKEND: BACKEND},
+            made={**cpu_choices, **switches, **aligned, COMPILE_BACKEND: BACKEND},
             shard=shard,
+            align=align,
         )
 
 

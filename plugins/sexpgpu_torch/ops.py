@@ -39,6 +39,9 @@ class Lowerer(Protocol):
     """The new ops plugins supply (``Supplies.ops``), for a node the table lacks."""
     device: torch.device
     """Where the graph runs (a plugin op is tried there when it has no meta kernel)."""
+    align: int
+    """The multiple a matrix product's inner and outer dimensions are padded to (0: as
+    declared): the recorded ``cuda.align`` on a GPU, 0 on the CPU."""
 
     def arg_type(self, node: Node, i: int) -> TensorType:
         """The type of ``node``'s argument ``i``."""
@@ -279,6 +282,30 @@ def _group(node: Node, low: Lowerer, iteration: int | None) -> Fn:
     return grouped
 
 
+def _matmul(node: Node, low: Lowerer, iteration: int | None) -> Fn:
+    """``matmul``, its inner (K) and outer (N) dimensions padded with zeros to a
+    multiple of ``low.align`` and the padded outputs cut off again: the values are the
+    declared product's, computed by the GPU's aligned kernels (cuBLAS reads a row-major
+    ``[M, K] x [K, N]`` with leading dimensions K and N; M sets none). Under
+    ``torch.compile`` the padding fuses into the operand's cast to bf16 and the cut
+    into what reads the product, so neither is a pass over memory of its own."""
+    a, b = low.arg_type(node, 0).shape, low.arg_type(node, 1).shape
+    if not low.align or len(a) < 2 or len(b) < 2:
+        return torch.matmul
+    k, n = b[-2], b[-1]
+    pad_k, pad_n = -k % low.align, -n % low.align
+    if not (pad_k or pad_n):
+        return torch.matmul
+
+    def aligned(x: Tensor, w: Tensor) -> Tensor:
+        if pad_k:
+            x = F.pad(x, (0, pad_k))
+        out = torch.matmul(x, F.pad(w, (0, pad_n, 0, pad_k)))
+        return out[..., :n] if pad_n else out
+
+    return aligned
+
+
 def _fixed(fn: Fn) -> Builder:
     return lambda node, low, iteration: fn
 
@@ -286,7 +313,7 @@ def _fixed(fn: Fn) -> Builder:
 _TABLE: dict[str, Builder] = {
     **{name: _unary for name in _UNARY},
     **{name: _binary for name in _BINARY},
-    "matmul": _fixed(torch.matmul),
+    "matmul": _matmul,
     "reshape": _reshape,
     "transpose": _transpose,
     "concat": _concat,

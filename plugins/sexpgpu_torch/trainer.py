@@ -103,7 +103,8 @@ class TorchTrainer(RankedTraining, Trainer):
     decides how its graphs and updates run (:mod:`sexpgpu_torch.strategy`).
 
     ``chosen`` is the kernel of each choice site, ``made`` the lowering's other
-    choices to record after them (``cpu.*``, ``cuda.*``...).
+    choices to record after them (``cpu.*``, ``cuda.*``...); ``align`` > 0 pads every
+    matrix product's inner and outer dimension to a multiple of it (``cuda.align``).
     """
 
     def __init__(
@@ -117,6 +118,7 @@ class TorchTrainer(RankedTraining, Trainer):
         strategy: Strategy,
         made: Mapping[str, str] | None = None,
         shard: str = "none",
+        align: int = 0,
     ) -> None:
         self.program = program
         self.shard = shard
@@ -125,6 +127,7 @@ class TorchTrainer(RankedTraining, Trainer):
         self.choices: dict[str, str] = {**recorded(chosen), **(made or {})}
         self.reads_loss_late = strategy.reads_loss_late
         self.ctx = strategy.context(program.run.seed, self.device)
+        self.ctx.align = align  # read as the graphs are built
         self.autocast = strategy.autocasts(program.run.precision, self.device)
         self._quiet = False  # inside _quietly
         self._fns = {site: k.factory() for site, k in chosen.items()}
