@@ -21,6 +21,7 @@ from sexpgpu.errors import RunError
 from sexpgpu.lang.ir import Node, TensorType
 from sexpgpu.lang.ops import implementation_of
 from sexpgpu_torch.contracts import check_op
+from sexpgpu_torch.cross_entropy import cross_entropy
 from sexpgpu_torch.dtypes import TORCH_DTYPES
 from sexpgpu_torch.names import LOWERING
 
@@ -81,14 +82,6 @@ _REDUCE: dict[str, Callable[..., Tensor]] = {
     "mean": torch.mean,
     "max": torch.amax,
 }
-
-
-def _cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
-    # Negative targets are masked out: map them to torch's ignore_index so the
-    # fused kernel averages over the rest.
-    flat = targets.reshape(-1)
-    flat = torch.where(flat < 0, torch.full_like(flat, -100), flat)
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), flat, ignore_index=-100)
 
 
 def _accuracy(logits: Tensor, targets: Tensor) -> Tensor:
@@ -331,7 +324,7 @@ _TABLE: dict[str, Builder] = {
     "dropout": lambda node, low, it: low.dropout(
         float(node.attrs["p"]), int(node.attrs["key"]), it
     ),
-    "cross_entropy": _fixed(_cross_entropy),
+    "cross_entropy": _fixed(cross_entropy),
     "accuracy": _fixed(_accuracy),
     "mse": _fixed(_mse),
     "cast": _cast,
