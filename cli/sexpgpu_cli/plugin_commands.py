@@ -18,7 +18,7 @@ def add_commands(catalog: Catalog, cli: click.Group, reserved: Collection[str] =
     Each plugin adds its commands to a group of its own first, so that what it adds
     is known before anything is replaced: a third-party plugin adding a command named
     in ``reserved`` (the built-in ones) or one sexpgpu's own plugins add (``report``)
-    is made unavailable, and a command two plugins
+    is refused, and a command two plugins
     add is replaced by one that refuses with the conflict (kept in
     ``catalog.command_conflicts`` for ``sexpgpu plugins``). A plugin whose hook raises
     is skipped.
@@ -36,6 +36,8 @@ def add_commands(catalog: Catalog, cli: click.Group, reserved: Collection[str] =
         except Exception as exc:
             catalog.fail(record, "adding its commands failed", exc)
             continue
+        if not record.available:  # refused: its hook returned something
+            continue
         record.commands = {
             name: command.get_short_help_str(limit=100)
             for name, command in sorted(staging.commands.items())
@@ -44,12 +46,12 @@ def add_commands(catalog: Catalog, cli: click.Group, reserved: Collection[str] =
             ours.update(staging.commands)
         taken = sorted(set(staging.commands) & (set(reserved) | ours))
         if taken and record.distribution != PROJECT_DISTRIBUTION:
-            record.available = False
             listed = ", ".join(f"'{name}'" for name in taken)
-            record.reason = (
+            catalog.refuse(
+                record,
                 f"its command {listed} would replace the built-in one"
                 if len(taken) == 1
-                else f"its commands {listed} would replace the built-in ones"
+                else f"its commands {listed} would replace the built-in ones",
             )
             continue
         for name, command in staging.commands.items():

@@ -5,8 +5,9 @@ Plugins are the modules the entry points of group ``sexpgpu`` name, ours include
 modules in hand (a test, a tool). Only this module builds pluggy's manager: the
 compiler, the session, storage and metrics are given a catalog, never fetch one.
 
-A plugin that fails to import, or supplies a descriptor that breaks its contract
-(:mod:`sexpgpu.lang.contracts`), is kept with its reason for ``sexpgpu plugins``.
+A plugin that fails to import is kept unavailable with its reason for ``sexpgpu
+plugins``; one whose hook answers with another type than the hook declares, or whose
+descriptor breaks its contract (:mod:`sexpgpu.lang.contracts`), is kept refused.
 Two plugins supplying one thing conflict: the contested thing is refused
 (``E-PLUGIN-001``), never given to whichever loaded first (:mod:`sexpgpu.plugin_supplies`).
 
@@ -20,19 +21,18 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import inspect
 import os
 import re
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
-from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import pluggy
 
 from sexpgpu import __version__, hookspecs
 from sexpgpu.errors import PluginError, StorageError
+from sexpgpu.lang.contracts import HOOK_NAMES, held_to_contract, hook_mistakes
 from sexpgpu.plugin_supplies import (
     DISABLE_PLUGINS,
     PROJECT_DISTRIBUTION,
@@ -54,10 +54,6 @@ __all__ = ["ENTRY_POINT_GROUP", "HOOK_NAMES", "Catalog", "PluginRecord"]
 ENTRY_POINT_GROUP = "sexpgpu"
 DISABLE_DISTRIBUTIONS = "SEXPGPU_DISABLE_DISTRIBUTIONS"
 TRACE_PLUGINS = "SEXPGPU_TRACE_PLUGINS"
-HOOK_NAMES = frozenset(
-    name for name, obj in vars(hookspecs).items() if hasattr(obj, f"{hookspecs.PROJECT}_spec")
-)
-"""Every hook a plugin may implement."""
 
 
 @dataclass
@@ -71,6 +67,7 @@ class PluginRecord:
     hooks: list[str] = field(default_factory=list)
     available: bool = True
     reason: str | None = None
+    refused: bool = False  # unavailable for what it declares: its own mistake
     disabled: bool = False
     plugin: Any = None
     warnings: list[str] = field(default_factory=list)
@@ -84,6 +81,11 @@ class PluginRecord:
     def where(self) -> str:
         """``distribution version``, as messages name a plugin's origin."""
         return f"{self.distribution} {self.version}"
+
+    @property
+    def state(self) -> str:
+        """``available``, ``unavailable`` (it cannot work here) or ``refused``."""
+        return "available" if self.available else "refused" if self.refused else "unavailable"
 
 
 class Catalog:
@@ -188,7 +190,7 @@ class Catalog:
             if impl.plugin is plugin
         }
         record.hooks = sorted(name for name, specified in implemented.items() if specified)
-        record.warnings = _hook_mistakes(plugin, implemented)
+        record.warnings = hook_mistakes(plugin, implemented)
         if "sexpgpu_unavailable" in record.hooks:
             try:
                 reason = next(iter(self.ask(record, "sexpgpu_unavailable")), None)
@@ -229,9 +231,20 @@ class Catalog:
 
     def ask(self, record: PluginRecord, hook: str, **kwargs: Any) -> list[Any]:
         """Call ``hook`` on one plugin only, through pluggy's relay (so argument
-        matching and SEXPGPU_TRACE_PLUGINS apply); its non-None result in a list."""
+        matching and SEXPGPU_TRACE_PLUGINS apply); its non-None result in a list. An
+        answer that breaks the hook's contract refuses the plugin, and only what of it
+        fits is handed back (:func:`sexpgpu.lang.contracts.held_to_contract`)."""
         others = [p for p in self._manager.get_plugins() if p is not record.plugin]
-        return self._manager.subset_hook_caller(hook, remove_plugins=others)(**kwargs)
+        answer = self._manager.subset_hook_caller(hook, remove_plugins=others)(**kwargs)
+        fitting, problem = held_to_contract(hook, next(iter(answer), None))
+        if problem:
+            self.refuse(record, problem)
+        return [] if fitting is None else [fitting]
+
+    def refuse(self, record: PluginRecord, reason: str) -> None:
+        """Refuse ``record`` for what it declares, unless it is unavailable already."""
+        if record.available:
+            record.available, record.refused, record.reason = False, True, reason
 
     def record(self, name: str) -> PluginRecord | None:
         """The record of the plugin registered under ``name``, if any."""
@@ -240,11 +253,9 @@ class Catalog:
     def supplied(self, hook: str) -> list[tuple[Any, PluginRecord]]:
         """Every descriptor loaded plugins supply through ``hook``, with its plugin.
         Unavailable plugins are asked too, so a lookup can say "this needs plugin X,
-        which is unavailable because ...". A plugin whose hook raises, or whose
-        descriptor breaks its contract, becomes unavailable."""
+        which is unavailable because ...". A plugin whose hook raises becomes
+        unavailable; one whose descriptor breaks its contract is refused (:meth:`ask`)."""
         if hook not in self._supplied:
-            from sexpgpu.lang.contracts import broken
-
             found: list[tuple[Any, PluginRecord]] = []
             for record in self.records:
                 if record.plugin is None or hook not in record.hooks:
@@ -255,11 +266,7 @@ class Catalog:
                     self.fail(record, f"{hook} failed", exc)
                     self._failed.add((record.name, hook))
                     continue
-                for item in items:
-                    found.append((item, record))
-                    problem = broken(hook, item)
-                    if problem and record.available:
-                        record.available, record.reason = False, problem
+                found.extend((item, record) for item in items)
             self._supplied[hook] = found
         return list(self._supplied[hook])
 
@@ -292,7 +299,7 @@ class Catalog:
         if matching:
             record = matching[0][1]
             raise PluginError(
-                f"{what} needs the plugin '{record.name}', which is unavailable: {record.reason}"
+                f"{what} needs the plugin '{record.name}', which is {record.state}: {record.reason}"
             )
         raise PluginError(f"no installed plugin supplies {what} (see `sexpgpu plugins`)")
 
@@ -390,29 +397,6 @@ class Catalog:
             lambda info: scheme in info.schemes,
         )
         return backend.factory(uri)
-
-
-def _hook_mistakes(plugin: Any, implemented: dict[str, bool]) -> list[str]:
-    """Warnings for functions that look like hooks but are never called: an unknown
-    hook name (with the nearest one) or a hook function not marked ``@hookimpl``."""
-    names = set(implemented)
-    if isinstance(plugin, ModuleType):
-        names |= {
-            name
-            for name, obj in vars(plugin).items()
-            if name.startswith("sexpgpu_") and inspect.isfunction(obj)
-        }
-    warnings = []
-    for name in sorted(names):
-        if name in HOOK_NAMES and name in implemented:
-            continue
-        if name in HOOK_NAMES:
-            warnings.append(f"{name} is not marked with @hookimpl, so it is never called")
-            continue
-        close = nearest(name, HOOK_NAMES)
-        hint = f" (did you mean {close}?)" if close else ""
-        warnings.append(f"{name} is not a sexpgpu hook, so it is never called{hint}")
-    return warnings
 
 
 def _listed(variable: str) -> list[str]:

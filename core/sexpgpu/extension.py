@@ -410,8 +410,8 @@ class OptimizerInfo:
 
 @dataclass(frozen=True)
 class ObjectIdentity:
-    """What an object is, for pinning: its size and a version (ETag, generation
-    or ``sha256:<hex>``)."""
+    """What an object is, for pinning: its size in bytes and a version that changes
+    whenever its bytes may have (S3's ETag, GCS's ``generation:<n>``, ``sha256:<hex>``)."""
 
     size: int
     version: str
@@ -420,9 +420,13 @@ class ObjectIdentity:
 class Storage(Protocol):
     """A checkpoint location opened by a storage backend.
 
-    Keys are ``/``-separated and relative to the location
-    (``step-00000004/params.safetensors``). Every method raises
-    :class:`sexpgpu.errors.StorageError` with one clear line on failure.
+    Keys are ``/``-separated, relative to the location and without a leading ``/``
+    (``step-00000004/params.safetensors``); a folder is a prefix of keys, never written
+    itself. Every method raises :class:`sexpgpu.errors.StorageError` with one clear line
+    and a code of :mod:`sexpgpu.checkpoint.storage` on failure: a missing object read is
+    ``E-STORAGE-003``. Optional, looked up by name: ``read_range_into`` and a
+    ``crc32c`` argument (below), and ``remove_temporaries(prefix)`` for a backend whose
+    cut-off writes leave files of their own under ``prefix`` (the local one's).
     """
 
     uri: str
@@ -432,19 +436,22 @@ class Storage(Protocol):
         """A one-line description for messages: the location and the credential source, no secrets."""
 
     def check_writable(self) -> None:
-        """Prove the location can be listed and written (write and delete a probe)."""
+        """Prove the location can be listed and written (before a run's first step):
+        list it, write and delete a probe named ``PROBE_PREFIX...`` (never listed)."""
 
     def list_children(self, prefix: str = "") -> list[str]:
-        """Names of the immediate children (folders or objects) under ``prefix``."""
+        """The sorted names (not keys: no ``prefix``, no trailing ``/``) of the objects and
+        folders directly under ``prefix``, a folder's key without a trailing ``/`` (``""``:
+        the location; one is tolerated); ``[]`` when nothing is there."""
 
     def exists(self, key: str) -> bool:
-        """Whether an object is stored at ``key``."""
+        """Whether an object is stored at ``key`` (a folder is none)."""
 
     def read(self, key: str) -> bytes:
         """The whole object at ``key``."""
 
     def read_range(self, key: str, start: int, length: int) -> bytes:
-        """``length`` bytes of ``key`` from ``start`` (fewer at the end of the object).
+        """``length`` bytes of ``key`` from ``start`` (fewer, maybe none, at the end).
 
         ``:load`` reads a safetensors header and each tensor with one call each. A
         backend may also offer ``read_range_into(key, start, buffer) -> int``, filling
@@ -452,16 +459,21 @@ class Storage(Protocol):
         tensor (the local backend does); it is optional and looked up by name."""
 
     def write(self, key: str, data: bytes | memoryview) -> None:
-        """Store ``data`` at ``key`` durably, all or nothing."""
+        """Store ``data`` at ``key`` durably, all or nothing, replacing what was there."""
 
     def write_many(self, items: Mapping[str, bytes | memoryview]) -> None:
-        """Store several objects concurrently; returns once every one is stored."""
+        """Store several objects concurrently; returns once every one is stored, else
+        raises the first failure once all have ended. A backend whose ``write_many``
+        also takes ``crc32c: Mapping[str, str] | None = None`` is handed each key's
+        CRC32C (base64 of its 4 big-endian bytes, as S3 and GCS write it) to have the
+        service verify the upload (the S3 and GCS backends do)."""
 
     def delete(self, key: str) -> None:
         """Remove the object at ``key`` (no error when it is not there)."""
 
     def identity(self, key: str) -> ObjectIdentity:
-        """The object's size and version."""
+        """``ObjectIdentity(size, version)`` of the object: a checkpoint records it for
+        each ``:load`` file, and a resume compares (``E-LOAD-001``)."""
 
 
 Opener = Callable[[str], Storage]

@@ -7,26 +7,26 @@ when the thing is used, so ``sexpgpu --help`` and ``sexpgpu plugins`` stay fast.
 Hooks may gain arguments later; they are never renamed.
 """
 
-from __future__ import annotations
-
+# No postponed annotations: each hook's return annotation is the type the catalog
+# holds its result to (a result of another type refuses the plugin).
 from typing import TYPE_CHECKING
 
 import pluggy
 
+from sexpgpu.extension import (
+    DataSourceInfo,
+    EvalMetricInfo,
+    EvaluatorInfo,
+    KernelInfo,
+    LoweringInfo,
+    MetricsSinkInfo,
+    OpInfo,
+    OptimizerInfo,
+    StorageBackendInfo,
+)
+
 if TYPE_CHECKING:
     import click
-
-    from sexpgpu.extension import (
-        DataSourceInfo,
-        EvalMetricInfo,
-        EvaluatorInfo,
-        KernelInfo,
-        LoweringInfo,
-        MetricsSinkInfo,
-        OpInfo,
-        OptimizerInfo,
-        StorageBackendInfo,
-    )
 
 PROJECT = "sexpgpu"
 
@@ -97,7 +97,7 @@ def sexpgpu_eval_metrics() -> list[EvalMetricInfo]:
 
 
 @hookspec
-def sexpgpu_cli_commands(cli: click.Group) -> None:
+def sexpgpu_cli_commands(cli: "click.Group") -> None:
     """Adds subcommands to ``cli``, the root click group (``cli.add_command``); Returns
     nothing. Called once as the CLI starts: import heavy modules inside the command."""
 

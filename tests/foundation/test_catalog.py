@@ -62,7 +62,10 @@ def test_an_optimizer_names_its_plugin_and_a_duck_typed_one_is_taken_as_it_is(
 
     from sexpgpu.hookspecs import hookimpl
 
-    duck = SimpleNamespace(name="duck", options={"lr": 0.1}, state_names=lambda o: (), doc="")
+    # a stand-in has every field the descriptor requires (a misfit refuses its plugin)
+    duck = SimpleNamespace(
+        name="duck", options={"lr": 0.1}, state_names=lambda o: (), factory=object, doc=""
+    )
 
     class Ducks:
         @hookimpl

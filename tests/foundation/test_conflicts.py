@@ -195,7 +195,7 @@ def test_a_plugin_command_never_replaces_a_builtin_one(project: Path) -> None:
     listing = _sexpgpu(project, "cmd-run", args=["plugins"])
     assert listing.returncode == 0, listing.stderr
     assert plugin_line(listing.stdout, "cmd-run").endswith(
-        "unavailable: its command 'run' would replace the built-in one"
+        "refused: its command 'run' would replace the built-in one"
     )
     # what it would add is still shown, so the user sees why
     assert "command run" in _block(listing.stdout, "cmd-run")
@@ -205,7 +205,7 @@ def test_a_plugin_command_never_replaces_a_builtin_one(project: Path) -> None:
     ran = _sexpgpu(project, args=["run", "examples/my-run.sx", "--metrics-dir", "m"])
     assert ran.returncode == 0, ran.stderr
     assert "the plugin's run" not in ran.stdout
-    # the plugin is unavailable as a whole: its other command is not added
+    # the plugin is refused as a whole: its other command is not added
     extra = _sexpgpu(project, args=["cmd-extra"])
     assert extra.returncode == 2 and "No such command 'cmd-extra'" in extra.stderr
 

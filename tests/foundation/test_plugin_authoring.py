@@ -3,15 +3,18 @@
 An optimizer's options spelled as the docs spell them (``"weight-decay"``) are set
 from a `.sx` file's ``:weight-decay``, and ``propose`` receives the types the docs
 say; an op is listed by `sexpgpu plugins` as a `.sx` file writes it, with its options
-and their defaults."""
+and their defaults; the storage backend the docs give, copied as it is, holds a run's
+checkpoints."""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from tests.e2e.helpers import run_sexpgpu
 from tests.foundation.pluginkit import make_plugin, user_env
+from tests.foundation.test_public_api import core_violations
 
 LION = '''
 """Lion (sign of an interpolated momentum), a third-party optimizer."""
@@ -162,3 +165,35 @@ def test_an_op_is_listed_as_a_file_writes_it_with_its_options(tmp_path: Path) ->
         ["scale"],
         {"slope": 0.01},
     )
+
+
+def _storage_example() -> str:
+    """The storage backend docs/plugins.md gives, as a reader copies it."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "plugins.md").read_text()
+    section = text.split("\n## sexpgpu_storage_backends\n", 1)[1].split("\n## ", 1)[0]
+    (block,) = re.findall(r"^```python\n(.*?)^```", section, re.S | re.M)
+    return block
+
+
+def test_the_storage_backend_docs_plugins_md_gives_checkpoints_and_resumes(
+    tmp_path: Path,
+) -> None:
+    """docs/plugins.md says enough to write a storage backend without the source: its
+    example, copied as it is, holds a run's checkpoints, which a resume finds."""
+    example = _storage_example()
+    assert core_violations(example, "mem_store.py") == []  # the public API alone
+    plugin = make_plugin(
+        tmp_path / "plugin", "sexpgpu-mem", {"mem_store": example}, {"mem": "mem_store"}
+    )
+    program = PROGRAM.replace("(lion :lr 0.001 :weight-decay 0.1)", "(adam :lr 0.001)")
+    program = "(defknob steps 2)\n" + program.replace(":steps 2", ":steps steps")
+    (tmp_path / "adam.sx").write_text(program.replace(":seed 1", ":seed 1 :checkpoint-every 1"))
+    env = user_env([plugin], MEM_ROOT=str(tmp_path / "store"))
+    args = ["adam.sx", "--metrics-dir", "m", "--checkpoint-dir", "mem://bucket/run"]
+    first = run_sexpgpu("run", *args, "--steps", "1", cwd=tmp_path, env=env)
+    assert first.returncode == 0, first.stderr
+    resumed = run_sexpgpu("run", *args, "--resume", "latest", cwd=tmp_path, env=env)
+    assert resumed.returncode == 0, resumed.stderr
+    assert '"event": "run resumed"' in resumed.stderr
+    stored = tmp_path / "store" / "bucket" / "run"
+    assert sorted(p.name for p in stored.iterdir()) == ["step-00000001", "step-00000002"]

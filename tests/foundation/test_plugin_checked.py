@@ -231,7 +231,7 @@ def test_sexpgpu_s_own_commands_are_protected_from_a_plugin(site: Path, tmp_path
     # before: a plugin's `report` disabled the built-in one ("refused: added by ...")
     listed = _sexpgpu(site, tmp_path, "plugins", disable="command")
     assert plugin_line(listed.stdout, "command").endswith(
-        "unavailable: its command 'report' would replace the built-in one"
+        "refused: its command 'report' would replace the built-in one"
     )
     helped = _sexpgpu(site, tmp_path, "report", "--help", disable="command")
     assert helped.returncode == 0, helped.stderr
@@ -284,7 +284,7 @@ def test_a_metric_that_does_not_fit_is_told_at_the_user_s_evals(site: Path, tmp_
     ), result.stderr
 
 
-def test_a_metric_whose_text_does_not_parse_makes_its_plugin_unavailable(
+def test_a_metric_whose_text_does_not_parse_makes_its_plugin_refused(
     site: Path, tmp_path: Path
 ) -> None:
     # before: listed "available", and refused only when a program used it
@@ -293,12 +293,12 @@ def test_a_metric_whose_text_does_not_parse_makes_its_plugin_unavailable(
     )
     listed = _sexpgpu(site, tmp_path, "plugins", "--json", disable="unparsed")
     (entry,) = [p for p in json.loads(listed.stdout) if p["name"] == "unparsed"]
-    assert (entry["available"], entry["reason"]) == (False, reason)
+    assert (entry["available"], entry["refused"], entry["reason"]) == (False, True, reason)
     file = _program(tmp_path, metric="half-open")
     result = _sexpgpu(site, tmp_path, "check", file, disable="unparsed")
     at = _at("half-open", (tmp_path / file).read_text())
     assert result.stderr == (
-        f"{at}: the eval metric 'half-open' needs the plugin 'unparsed', which is unavailable: "
+        f"{at}: the eval metric 'half-open' needs the plugin 'unparsed', which is refused: "
         f"{reason}\n"
     )
 

@@ -90,6 +90,7 @@ def test_plugins_lists_the_third_party_plugin(mem: dict) -> None:
         "version": "0.1",
         "hooks": ["sexpgpu_cli_commands", "sexpgpu_storage_backends"],
         "available": True,
+        "refused": False,
         "disabled": False,
         "reason": None,
         "warnings": [],

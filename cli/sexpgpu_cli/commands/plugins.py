@@ -66,7 +66,8 @@ def plugins(as_json: bool) -> None:
 
 def _record_json(record: Any) -> dict[str, Any]:
     """A plugin's record as ``--json`` prints it (without what it supplies)."""
-    fields = ("name", "module", "distribution", "version", "hooks", "available", "disabled")
+    fields = ("name", "module", "distribution", "version", "hooks", "available", "refused")
+    fields += ("disabled",)
     extra = ("reason", "warnings", "traceback")
     return {name: getattr(record, name) for name in (*fields, *extra)}
 
@@ -78,7 +79,7 @@ def _record_lines(
     from sexpgpu_cli.describing import DESCRIBED
 
     pad = " " * (width + 2)
-    state = "available" if record.available else f"unavailable: {record.reason}"
+    state = "available" if record.available else f"{record.state}: {record.reason}"
     lines = [f"{record.name:<{width}}  {record.where}  ({record.module})  {state}"]
     hooks = ", ".join(
         h.removeprefix("sexpgpu_") for h in record.hooks if h != "sexpgpu_unavailable"

@@ -244,7 +244,7 @@ def _no_evaluator(catalog: Catalog) -> str:
     unavailable = [r for _, r in catalog.supplied("sexpgpu_evaluators") if not r.available]
     if unavailable:
         record = unavailable[0]
-        return f"the plugin '{record.name}' that supplies them is unavailable: {record.reason}"
+        return f"the plugin '{record.name}' that supplies them is {record.state}: {record.reason}"
     disabled = [r.name for r in catalog.records if r.disabled]
     if disabled:
         return (

@@ -5,20 +5,24 @@ in the catalog by the name a call writes), and the type rule of every op."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from sexpgpu.errors import PluginError, Pos, SourceError
+from sexpgpu.errors import PluginError, Pos, SexpError, SourceError
 from sexpgpu.lang import ir as g
 from sexpgpu.lang.ops import BUILTINS, OpSpec
 from sexpgpu.lang.ops import infer as infer_builtin
+from sexpgpu.plugin_supplies import exception_text
 
 if TYPE_CHECKING:
     from sexpgpu.catalog import Catalog
 
-__all__ = ["OPS_HOOK", "OpTable"]
+__all__ = ["E_PLUGIN_CALL", "OPS_HOOK", "OpTable"]
 
 OPS_HOOK = "sexpgpu_ops"
+E_PLUGIN_CALL = "E-PLUGIN-002"
+"""A plugin op's ``infer``, ``compile`` or ``fold`` that raised something other than a
+sexpgpu error, or whose ``infer`` returned no tensor type: the plugin's mistake."""
 
 
 class OpTable:
@@ -67,7 +71,7 @@ class OpTable:
         except PluginError as exc:
             raise SourceError(exc.message, code=exc.code, pos=pos) from None
         record = next(r for i, r in offers if r.available)
-        spec = dataclasses.replace(chosen.spec, plugin=record.name)  # held to lang.contracts
+        spec = _guarded(chosen.spec, record.name)  # held to lang.contracts
         self._found[name] = self._found[spec.name] = spec
         return spec
 
@@ -104,3 +108,44 @@ def _offers(info: Any, name: str | None) -> bool:
     if not isinstance(spec, OpSpec) or BUILTINS.get(spec.name) is not None:
         return False  # a lowering's implementation of a built-in op, not a new op
     return name is None or name in spec.surfaces
+
+
+def _guarded(spec: OpSpec, plugin: str) -> OpSpec:
+    """``spec`` as ``plugin`` supplies it, each of its callables (``infer``, ``compile``,
+    ``fold``) guarded: an exception from one that is no :class:`SexpError` (a user's
+    mistake the op found), or an ``infer`` that types nothing, is one line
+    (``E-PLUGIN-002``) naming the plugin, the op and the call in the user's file."""
+
+    def guard(member: str, call: Callable[..., Any]) -> Callable[..., Any]:
+        def guarded(*args: Any) -> Any:
+            # infer(op, types, attrs, pos), fold(values, pos), compile(call): call.pos
+            places = (*args, *(getattr(arg, "pos", None) for arg in args))
+            where = next((place for place in places if isinstance(place, Pos)), None)
+            who = f"the op '{spec.name}' of the plugin '{plugin}'"
+            try:
+                result = call(*args)
+            except SexpError:
+                raise
+            except Exception as exc:
+                message = f"{who}: its {member} raised {exception_text(exc)}"
+                raise PluginError(message, code=E_PLUGIN_CALL, pos=where) from None
+            if member == "infer" and not _typed(result):
+                message = f"{who}: its infer returned {result!r:.60}, not a TensorType"
+                raise PluginError(message, code=E_PLUGIN_CALL, pos=where)
+            return result
+
+        return guarded
+
+    members = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}
+    guards = {name: guard(name, value) for name, value in members.items() if callable(value)}
+    return dataclasses.replace(spec, plugin=plugin, **guards)
+
+
+def _typed(result: Any) -> bool:
+    """Whether ``result`` is a tensor type a graph can hold."""
+    return (
+        isinstance(result, g.TensorType)
+        and result.dtype in g.DTYPES
+        and isinstance(result.shape, tuple)
+        and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in result.shape)
+    )
