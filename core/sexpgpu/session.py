@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from sexpgpu.checkpoint.loads import Loads
     from sexpgpu.extension import RankGroup, Storage
     from sexpgpu.lang.ir import DataDecl, Program
+    from sexpgpu.lang.syntax import FileCheck
 
 
 E_FOREIGN_RUN = "E-EVAL-002"
@@ -49,6 +50,9 @@ class Selection:
     steps: int | None = None
     unpacked: str | None = None
     """The folder of the bundle ``file`` was unpacked from (see ``Loads.identities``)."""
+    files: FileCheck | None = None
+    """What refuses a file the program names that it may not read (a bundle's closed
+    world: :data:`~sexpgpu.lang.syntax.FileCheck`); ``None``: any file."""
 
     @classmethod
     def recorded(cls, experiment: Mapping[str, Any], file: str | None = None) -> Selection:
@@ -76,6 +80,7 @@ class Selection:
             variant=self.variant,
             steps=self.steps,
             check_files=check_files,
+            files=self.files,
         )
 
 
@@ -228,6 +233,8 @@ class Session:
         """What moved since the checkpoint, one ``resumed from`` line each."""
         self.lowered: Lowered | None = None
         self.bundled: dict[str, str] = {}  # the bundle's choices a fresh start pins
+        self.unpacked: str | None = None
+        """The folder the bundle the program was unpacked from was unpacked into."""
 
     @classmethod
     def start(
@@ -253,6 +260,7 @@ class Session:
         loads.check()
         loads.prefetch_identities()
         session = cls(catalog, program, loads)
+        session.unpacked = selection.unpacked
         session._resume(resume, checkpoint_dir)
         recorded = None
         if session.checkpoint is not None:
@@ -265,6 +273,7 @@ class Session:
                 devices=devices,
                 nodes=nodes,
                 state_names=state_names_for(program, session.stage, catalog),
+                bundle=selection.unpacked,
             )
             recorded = recorded_choices(experiment, catalog)
         if recorded is None and target.bundled is not None:

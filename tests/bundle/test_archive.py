@@ -83,10 +83,12 @@ def manifest(**changes: Any) -> dict[str, Any]:
                 "sha256": sha(DATA),
                 "member": "data/text.txt",
             },
-            {"uri": "s3://bucket/big.txt", "size": 10**9, "sha256": "0" * 64, "member": None},
+            {"uri": "/data/big.txt", "size": 10**9, "sha256": "0" * 64, "member": None},
         ],
         "selection": {
             "variant": "small",
+            "sets": {"lr": "0.001"},
+            "steps": None,
             "knobs": [
                 {"name": "lr", "value": 0.001, "source": "--set"},
                 {"name": "widths", "value": [4, 8], "source": "variant small"},
@@ -303,7 +305,7 @@ def test_describe_shows_every_part(tmp_path: Path) -> None:
         f"  /models/teacher.safetensors  {len(WEIGHTS)} B  sha256 {sha(WEIGHTS)[:12]}..." in lines
     )
     assert "  /data/text.txt  12 B  copied" in lines
-    assert "  s3://bucket/big.txt  1.0 GB  not copied" in lines
+    assert "  /data/big.txt  1.0 GB  not copied" in lines
     assert "  variant small" in lines and "  lr = 0.001 (--set)" in lines
     assert "  widths = [4, 8] (variant small)" in lines
     assert lines.index("  attention = sdpa") < lines.index("  cpu.blas = openblas")

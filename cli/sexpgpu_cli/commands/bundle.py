@@ -7,7 +7,6 @@ import hashlib
 import os
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +61,7 @@ def bundle(
         raise UsageError("sexpgpu bundle FILE.sx -o NAME.sxb (or --show NAME.sxb)")
     if not output.endswith(".sxb"):
         raise UsageError(f"a bundle's name ends with .sxb, got '{output}'")
+    _check_writable(output)  # before compiling, which may take minutes
     manifest = _make(
         file,
         output,
@@ -81,24 +81,45 @@ def _make(
     file: str, output: str, *, sets: dict[str, str], steps: int | None, variant: str | None,
     device: str, lowering: str | None, requests: tuple[str, ...], with_data: bool,
 ) -> dict[str, Any]:  # fmt: skip
+    from sexpgpu.bundle.scratch import new_scratch_folder
     from sexpgpu.session import Selection, Target
     from sexpgpu_cli.environment import prepare_environment
     from sexpgpu_cli.options import parse_requests
 
     plugins = catalog()
     target = Target(device=device, lowering=lowering or None, choose=parse_requests(requests))
-    cache = _compile_into_a_new_cache(plugins, target)
-    fetched = Path(tempfile.mkdtemp(prefix="sexpgpu-fetched-"))
+    # one folder for the compile caches and fetched files: removed at the end, or by
+    # the next bundle command once this process is gone (a kill)
+    scratch = new_scratch_folder()
     try:
+        cache = _compile_into_a_new_cache(plugins, target, scratch / "compiled")
+        fetched = scratch / "fetched"
+        fetched.mkdir()
         prepare_environment(plugins, target, resume=None, checkpoint_dir=None)
         selection = Selection(file, sets=sets, variant=variant, steps=steps)
         return _write(
             plugins, selection, target, output, cache=cache, fetched=fetched, with_data=with_data
         )
     finally:
-        shutil.rmtree(fetched, ignore_errors=True)
-        if cache is not None:
-            shutil.rmtree(cache, ignore_errors=True)
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _check_writable(output: str) -> None:
+    """Refuse (``E-BUNDLE-010``) an output whose folder is not there or cannot be
+    written, or that is a folder: the write itself says so too, but only after
+    compiling."""
+    from sexpgpu.bundle.archive import E_UNWRITABLE, BundleError
+
+    folder = os.path.dirname(os.path.abspath(output))
+    why = None
+    if not os.path.isdir(folder):
+        why = f"{folder} is not a folder"
+    elif os.path.isdir(output):
+        why = "it is a folder"
+    elif not os.access(folder, os.W_OK | os.X_OK):  # access(2) says EROFS too
+        why = f"{folder} cannot be written"
+    if why is not None:
+        raise BundleError(f"cannot write {output}: {why}", code=E_UNWRITABLE)
 
 
 def _write(
@@ -178,16 +199,17 @@ COMPILED = "compiled"
 """The member folder of the lowering's compile caches."""
 
 
-def _compile_into_a_new_cache(plugins: Any, target: Any) -> Path | None:
-    """For a lowering that compiles: an empty folder its compiler keeps its caches in
-    (set in the environment before the compiler starts), so that the bundle holds all
-    of this program's compiled kernels, and nothing else of this machine's caches."""
+def _compile_into_a_new_cache(plugins: Any, target: Any, folder: Path) -> Path | None:
+    """For a lowering that compiles: ``folder``, made empty, for its compiler to keep
+    its caches in (set in the environment before the compiler starts), so that the
+    bundle holds all of this program's compiled kernels, and nothing else of this
+    machine's caches."""
     from sexpgpu_cli.environment import lowering_for
 
     info = lowering_for(plugins, target)
     if info is None or info.compile_cache is None:
         return None
-    folder = Path(tempfile.mkdtemp(prefix="sexpgpu-compile-"))
+    folder.mkdir()
     os.environ.update(info.compile_cache(str(folder)))
     return folder
 
@@ -253,20 +275,24 @@ def _data_paths(program: Any, plugins: Any) -> list[str]:
 
 
 def _show(name: str) -> None:
+    """Print the manifest of the bundle ``name``, each line escaped as `sexpgpu
+    checkpoint` escapes what it prints: a forged path cannot forge a line."""
     from sexpgpu.bundle.archive import describe, read_manifest
+    from sexpgpu_cli.commands.checkpoint import shown
 
     if "://" in name and not name.startswith("file://"):
-        import tempfile
-        from pathlib import Path
-
         from sexpgpu.bundle.opening import fetch
+        from sexpgpu.bundle.scratch import new_scratch_folder
 
-        with tempfile.TemporaryDirectory(prefix="sexpgpu-bundle-") as folder:
-            local = str(Path(folder) / "bundle.sxb")
+        folder = new_scratch_folder()
+        try:
+            local = str(folder / "bundle.sxb")
             fetch(name, local, catalog().open_location)
             manifest = read_manifest(local)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
     else:
         manifest = read_manifest(name.removeprefix("file://"))
     for line in describe(manifest):
-        click.echo(line)
+        click.echo(shown(line))
     sys.stdout.flush()

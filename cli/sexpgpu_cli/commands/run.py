@@ -158,6 +158,7 @@ def run(
             launch(sys.argv[1:], devices=devices or 1, max_restarts=max_restarts, device=device)
         )
     bundled = _open_bundle(file, fresh=choices == "fresh") if is_bundle(file) else None
+    file_named = file
     if bundled is not None:
         file = bundled.main
         sets = (*(f"{k}={v}" for k, v in bundled.sets.items()), *sets)
@@ -193,6 +194,7 @@ def run(
             variant=variant,
             steps=steps,
             unpacked=None if bundled is None else str(bundled.folder),
+            files=None if bundled is None else bundled.closed_world(file_named),
         ),
         target=target,
         metrics_dir=metrics_dir,
@@ -217,40 +219,19 @@ def run(
 
 def _open_bundle(name: str, *, fresh: bool) -> Any:
     """The bundle ``name`` unpacked into a folder that lasts as long as this process,
-    its versions and data checked against this machine's (versions: unless fresh)."""
-    import atexit
+    its versions and data checked against this machine's (versions: unless fresh), and
+    its compile caches handed to its lowering's compiler (unless fresh)."""
     import os
-    import shutil
-    import tempfile
-    from pathlib import Path
 
-    from sexpgpu.bundle.opening import (
-        check_data,
-        installed_versions,
-        pinned_libraries,
-        refuse_versions,
-        unpack,
-        version_differences,
-    )
+    from sexpgpu.bundle.opening import open_to_run
 
     plugins = catalog()
-    folder = Path(tempfile.mkdtemp(prefix="sexpgpu-bundle-"))
-    atexit.register(shutil.rmtree, folder, ignore_errors=True)
-    unpacked = unpack(name, folder / "unpacked", plugins.open_location)
-    here = installed_versions(
-        {r.name: r.version for r in plugins.records if r.available and not r.disabled}
-    )
-    recorded = unpacked.manifest["versions"]
-    compared = pinned_libraries(unpacked.manifest["choices"])
-    differences = version_differences(recorded, here, compared=compared)
-    if differences and not fresh:
-        raise refuse_versions(name, differences)
-    check_data(name, unpacked.manifest)
-    compiled = unpacked.manifest["compiled"]
-    if compiled and not fresh:
+    unpacked = open_to_run(name, plugins, fresh=fresh)
+    cache = unpacked.compile_cache()
+    if cache is not None and not fresh:
         # the bundle's compiled kernels, read by the compiler instead of choosing again
         lowering = unpacked.choices.get("lowering")
         info = next((i for i in plugins.lowerings() if i.name == lowering), None)
         if info is not None and info.compile_cache is not None:
-            os.environ.update(info.compile_cache(str(folder / "unpacked" / compiled["folder"])))
+            os.environ.update(info.compile_cache(str(cache)))
     return unpacked

@@ -54,6 +54,9 @@ E_TOO_LARGE = "E-BUNDLE-003"
 E_MANIFEST = "E-BUNDLE-004"
 """A manifest that is not JSON, holds a value of the wrong type, or is of an unknown format."""
 
+E_UNWRITABLE = "E-BUNDLE-010"
+"""A bundle that cannot be written where it was named (a folder not there, read-only)."""
+
 _CHUNK = 1 << 20
 _DRIVE = re.compile(r"^[A-Za-z]:")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -73,9 +76,36 @@ class BundleError(SexpError):
 
 _HEX = {"type": "string", "pattern": "^[0-9a-f]{64}$"}
 _SIZE = {"type": "integer", "minimum": 0, "maximum": 2**63 - 1}
-_STR = {"type": "string"}
-_OPTIONAL = {"type": ["string", "null"]}
-_STRINGS = {"type": "object", "additionalProperties": _STR}
+# Paths, URIs and versions: any text a file system or a registry holds, bounded; what
+# holds a control character is escaped wherever it is shown, never refused for it.
+_TEXT = {"type": "string", "maxLength": 4096}
+_MEMBER = {"type": "string", "minLength": 1, "maxLength": 1024}
+# (a bound on length or a pattern holds for a string alone: null passes them)
+_OPTIONAL_MEMBER = {**_MEMBER, "type": ["string", "null"]}
+# \Z, not $: jsonschema matches with Python's re, whose $ also matches before a final
+# newline, the very character a forged line needs
+_NAME_PATTERN = r"^[^\s=\x00-\x1f\x7f]+\Z"
+_WORD_PATTERN = r"^[^\x00-\x1f\x7f]*\Z"
+_PATH_PATTERN = r"^/[^\x00]*\Z"
+# A knob, choice or plugin name: no space, control character or '=' (a --set splits on it).
+_NAME = {"type": "string", "pattern": _NAME_PATTERN, "maxLength": 256}
+# A choice's value is handed to the lowering and its libraries: printable, bounded.
+_WORD = {"type": "string", "pattern": _WORD_PATTERN, "maxLength": 1024}
+_WORDS = {"type": "object", "propertyNames": _NAME, "additionalProperties": _WORD}
+# A local data file as the bundling machine's real path named it: absolute, so that it
+# names one file wherever the bundle runs (and no NUL, which no path holds).
+_LOCAL_PATH = {"type": "string", "pattern": _PATH_PATTERN, "maxLength": 4096}
+_PATTERNS = {
+    _HEX["pattern"]: "is not a sha256 in lowercase hex",
+    _NAME_PATTERN: "is not a name (it holds a space, a control character or '=')",
+    _WORD_PATTERN: "holds a control character",
+    _PATH_PATTERN: "is not an absolute path",
+}
+_KNOB = {
+    "type": "object",
+    "required": ["name", "value", "source"],
+    "properties": {"name": _NAME, "value": {}, "source": _TEXT},
+}
 
 
 def _record(**properties: Any) -> dict[str, Any]:
@@ -87,20 +117,30 @@ def _records(**properties: Any) -> dict[str, Any]:
     return {"type": "array", "items": _record(**properties)}
 
 
-_COMPILED = _record(folder=_STR, files=_SIZE, size=_SIZE, seconds={"type": "number", "minimum": 0})
+_COMPILED = _record(
+    folder=_MEMBER,
+    files=_SIZE,
+    size=_SIZE,
+    seconds={"type": "number", "minimum": 0, "maximum": 1e9},
+)
 """A lowering's compile caches: the members under ``folder/``, their count and bytes."""
 MANIFEST_SCHEMA: dict[str, Any] = _record(
     format={"type": "integer"},
     members={"type": "object", "additionalProperties": _record(size=_SIZE, sha256=_HEX)},
-    created=_STR,
-    main=_STR,
-    sources=_records(name=_STR, member=_STR, sha256=_HEX, original=_STR),
-    loads=_records(uri=_STR, member=_STR, size=_SIZE, sha256=_HEX),
-    data_files=_records(uri=_STR, size=_SIZE, sha256=_HEX, member=_OPTIONAL),
-    selection=_record(variant=_OPTIONAL, knobs=_records(name=_STR, value={}, source=_STR)),
-    choices=_STRINGS,
-    versions=_record(sexpgpu=_STR, libraries=_STRINGS, plugins=_STRINGS),
-    machine=_STRINGS,
+    created={"type": "string", "maxLength": 64},
+    main=_MEMBER,
+    sources=_records(name=_TEXT, member=_MEMBER, sha256=_HEX, original=_TEXT),
+    loads=_records(uri=_TEXT, member=_MEMBER, size=_SIZE, sha256=_HEX),
+    data_files=_records(uri=_LOCAL_PATH, size=_SIZE, sha256=_HEX, member=_OPTIONAL_MEMBER),
+    selection=_record(
+        variant={**_NAME, "type": ["string", "null"]},
+        sets={"type": "object", "propertyNames": _NAME, "additionalProperties": _TEXT},
+        steps={**_SIZE, "type": ["integer", "null"], "minimum": 1},
+        knobs={"type": "array", "items": _KNOB},
+    ),
+    choices=_WORDS,
+    versions=_record(sexpgpu=_WORD, libraries=_WORDS, plugins=_WORDS),
+    machine=_WORDS,
     compiled={"anyOf": [{"type": "null"}, _COMPILED]},
 )
 """What ``manifest.json`` must hold (docs/bundle.md); keys it does not name are kept."""
@@ -125,7 +165,7 @@ def _error(code: str, where: str, what: str) -> BundleError:
     return BundleError(f"{where} {kind.get(code, 'has a bad manifest')}: {what}", code=code)
 
 
-def _shown(name: str) -> str:
+def shown(name: str) -> str:
     """A member name fit for a one-line message: the untrusted file's, so escaped when
     it holds control characters and cut when long."""
     text = name if name.isprintable() else ascii(name)
@@ -162,15 +202,15 @@ def _check_names(names: list[str], where: str) -> None:
         why = unsafe_name(name)
         folded = name.casefold()
         if why is None and seen.get(folded, name) != name:
-            why = f"differs from {_shown(seen[folded])} only in case"
+            why = f"differs from {shown(seen[folded])} only in case"
         if why is not None:
-            raise _error(E_UNSAFE, where, f"member {_shown(name)} {why}")
+            raise _error(E_UNSAFE, where, f"member {shown(name)} {why}")
         seen[folded] = name
         parts = folded.split("/")
         folders.update("/".join(parts[:i]) for i in range(1, len(parts)))
     for folded, name in seen.items():
         if folded in folders:
-            raise _error(E_UNSAFE, where, f"member {_shown(name)} is both a file and a folder")
+            raise _error(E_UNSAFE, where, f"member {shown(name)} is both a file and a folder")
 
 
 def _said(error: Any) -> str:
@@ -181,11 +221,15 @@ def _said(error: Any) -> str:
         return f"{place} has no {error.message.split(' is a required')[0]}"
     if kind == "type":
         return f"{place} is not {' or '.join(wanted) if isinstance(wanted, list) else wanted}"
+    if "propertyNames" in error.schema_path:
+        place = f"a name in {place}"  # propertyNames: the name itself is not shown
     said = {
-        "pattern": "is not a sha256 in lowercase hex",
+        "pattern": _PATTERNS.get(str(wanted), "is not of the form sexpgpu writes"),
         "anyOf": "is not null or a record",
         "minimum": f"is below {wanted}",
         "maximum": f"is above {wanted}",
+        "minLength": "is empty",
+        "maxLength": f"is longer than {wanted} characters",
     }
     return f"{place} {said.get(kind, f'breaks the rule {kind}: {wanted}')}"
 
@@ -216,6 +260,10 @@ def _checked(value: Any, where: str) -> dict[str, Any]:
         for i, e in enumerate(value[key])
     ]
     if compiled:
+        # the compiler reads and writes its caches there: never outside the unpacked folder
+        why = unsafe_name(compiled["folder"])
+        if why is not None:
+            raise _error(E_UNSAFE, where, f"compiled/folder {shown(compiled['folder'])} {why}")
         inside = [m for name, m in members.items() if name.startswith(compiled["folder"] + "/")]
         held = (len(inside), sum(m["size"] for m in inside))
         if held != (compiled["files"], compiled["size"]):
@@ -226,12 +274,12 @@ def _checked(value: Any, where: str) -> dict[str, Any]:
         if member is None:
             continue  # data recorded, not copied
         if member not in members:
-            said = f"{place} names the member {_shown(member)}, which members does not list"
+            said = f"{place} names the member {shown(member)}, which members does not list"
             raise _error(E_MANIFEST, where, said)
         # a copy holds the same bytes as the file it stands for (DESIGN.md, Bundles)
         for key in ("size", "sha256"):
             if key in entry and entry[key] != members[member][key]:
-                said = f"{place} says {key} {entry[key]}, its member {_shown(member)} has"
+                said = f"{place} says {key} {entry[key]}, its member {shown(member)} has"
                 raise _error(E_MANIFEST, where, f"{said} {members[member][key]}")
     return value
 
@@ -257,7 +305,7 @@ def _listing(archive: zipfile.ZipFile, where: str) -> dict[str, zipfile.ZipInfo]
     for info in archive.infolist():
         # a Unix mode in the high bits (zipfile's writestr gives permissions alone, no
         # file type), the MS-DOS folder bit in the low
-        name, kind = _shown(info.filename), stat.S_IFMT(info.external_attr >> 16)
+        name, kind = shown(info.filename), stat.S_IFMT(info.external_attr >> 16)
         if kind == stat.S_IFLNK:
             raise _error(E_UNSAFE, where, f"member {name} is a symlink")
         if kind not in (0, stat.S_IFREG) or info.external_attr & 0x10:
@@ -312,14 +360,14 @@ def _opened(path: str | Path) -> Iterator[tuple[zipfile.ZipFile, dict[str, Any],
             members = manifest["members"]
             extra = sorted(set(infos) - {MANIFEST} - set(members))
             if extra:
-                raise _error(E_DAMAGED, where, f"member {_shown(extra[0])} is not in the manifest")
+                raise _error(E_DAMAGED, where, f"member {shown(extra[0])} is not in the manifest")
             missing = sorted(set(members) - set(infos))
             if missing:
-                raise _error(E_DAMAGED, where, f"member {_shown(missing[0])} is missing")
+                raise _error(E_DAMAGED, where, f"member {shown(missing[0])} is missing")
             for name, entry in sorted(members.items()):
                 if infos[name].file_size != entry["size"]:
                     said = f"has {infos[name].file_size} bytes where the manifest says"
-                    raise _error(E_DAMAGED, where, f"member {_shown(name)} {said} {entry['size']}")
+                    raise _error(E_DAMAGED, where, f"member {shown(name)} {said} {entry['size']}")
             yield archive, manifest, infos
 
 
@@ -371,7 +419,7 @@ def _chunks(
                 got += len(chunk)
                 yield chunk
     except _BROKEN:
-        raise _error(E_DAMAGED, where, f"member {_shown(info.filename)} cannot be read") from None
+        raise _error(E_DAMAGED, where, f"member {shown(info.filename)} cannot be read") from None
 
 
 def _unpack(
@@ -384,7 +432,7 @@ def _unpack(
 ) -> int:
     """Write one member under ``target``, checked as it streams against its entry and
     the ``left`` bytes the bound allows; returns the bytes written."""
-    name = _shown(info.filename)
+    name = shown(info.filename)
     dest = target.joinpath(*info.filename.split("/"))
     if not dest.resolve().is_relative_to(target.resolve()):  # guards the names' check
         raise _error(E_UNSAFE, where, f"member {name} lands outside {target}")
@@ -444,6 +492,42 @@ def _zip_info(name: str, size: int) -> zipfile.ZipInfo:
     return info
 
 
+def unwritable(where: str, exc: OSError) -> BundleError:
+    """``E_UNWRITABLE`` for the bundle ``where``, saying what the system said (and the file
+    it said it of, when that is a member's source rather than the bundle)."""
+    said = exc.strerror or type(exc).__name__
+    named = exc.filename if isinstance(exc.filename, str) else None
+    target = os.path.abspath(where)
+    ours = (target, os.path.dirname(target))  # the bundle, its folder, its temporary file
+    if named and not (
+        os.path.abspath(named) in ours
+        or os.path.basename(named).startswith("." + os.path.basename(target))
+    ):
+        said = f"{shown(named)}: {said}"
+    return BundleError(f"cannot write {shown(where)}: {said}", code=E_UNWRITABLE)
+
+
+def _write_zip(
+    handle: Any,
+    text: bytes,
+    members: Mapping[str, bytes | Path],
+    identity: Mapping[str, tuple[int, str]],
+    where: str,
+) -> None:
+    """The archive into the open file ``handle``: the manifest ``text``, then each member,
+    checked against its ``identity`` (size, sha256) as it is copied."""
+    with zipfile.ZipFile(handle, "w") as archive:
+        archive.writestr(_zip_info(MANIFEST, len(text)), text)
+        for name, value in sorted(members.items()):
+            digest = hashlib.sha256()
+            with archive.open(_zip_info(name, identity[name][0]), "w") as out:
+                for chunk in _read(value):
+                    digest.update(chunk)
+                    out.write(chunk)
+            if digest.hexdigest() != identity[name][1]:
+                raise BundleError(f"{value} changed while {where} was being written")
+
+
 def write_bundle(
     path: str | Path,
     manifest: Mapping[str, Any],
@@ -475,19 +559,13 @@ def write_bundle(
     if len(text) > MAX_MANIFEST:
         raise _error(E_TOO_LARGE, where, f"{MANIFEST} would be over 16 MiB")
     written = _checked(json.loads(text), where)
-    fd, temp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        fd, temp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    except OSError as exc:
+        raise unwritable(where, exc) from None
     try:
         with os.fdopen(fd, "wb") as handle:
-            with zipfile.ZipFile(handle, "w") as archive:
-                archive.writestr(_zip_info(MANIFEST, len(text)), text)
-                for name, value in sorted(members.items()):
-                    digest = hashlib.sha256()
-                    with archive.open(_zip_info(name, identity[name][0]), "w") as out:
-                        for chunk in _read(value):
-                            digest.update(chunk)
-                            out.write(chunk)
-                    if digest.hexdigest() != identity[name][1]:
-                        raise BundleError(f"{value} changed while {where} was being written")
+            _write_zip(handle, text, members, identity, where)
             handle.flush()
             os.fsync(handle.fileno())
         # mkstemp's file is the owner's alone; a bundle is a file like any other
@@ -495,9 +573,11 @@ def write_bundle(
         os.umask(umask)
         os.chmod(temp, 0o666 & ~umask)
         os.replace(temp, target)
-    except BaseException:
+    except BaseException as exc:
         with suppress(OSError):
             os.unlink(temp)
+        if isinstance(exc, OSError):
+            raise unwritable(where, exc) from None
         raise
     with suppress(OSError):  # the rename lasts once its folder is on disk too
         folder = os.open(target.parent, os.O_RDONLY)

@@ -7,15 +7,21 @@ Torch-free: library versions are read from the installed distributions' metadata
 
 from __future__ import annotations
 
+import hashlib
 import os
+import stat
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sexpgpu.bundle.archive import BundleError, extract
+from sexpgpu.bundle.archive import E_MANIFEST, E_UNSAFE, BundleError, extract, shown
+from sexpgpu.bundle.closed import ClosedWorld
 from sexpgpu.plugin_supplies import PROJECT_DISTRIBUTION as PROJECT
+
+if TYPE_CHECKING:
+    from sexpgpu.catalog import Catalog
 
 E_VERSIONS = "E-BUNDLE-005"
 """A bundle made with another sexpgpu, torch or plugin version than this machine's."""
@@ -52,26 +58,46 @@ class Unpacked:
         """The path of the bundle's main `.sx` file in :attr:`folder`."""
         return str(self.folder / self.manifest["main"])
 
+    # The manifest was checked against its schema (sexpgpu.bundle.archive) before this
+    # was made: each field below is of its type and in its range.
+
     @property
     def sets(self) -> dict[str, str]:
         """The knobs the bundling command line set, as ``--set`` takes them."""
-        return {str(k): str(v) for k, v in self.manifest["selection"].get("sets", {}).items()}
+        return dict(self.manifest["selection"]["sets"])
 
     @property
     def variant(self) -> str | None:
         """The variant the bundle was made with."""
-        return self.manifest["selection"].get("variant")
+        return self.manifest["selection"]["variant"]
 
     @property
     def steps(self) -> int | None:
         """``--steps`` as the bundling command line gave it."""
-        steps = self.manifest["selection"].get("steps")
-        return int(steps) if isinstance(steps, int) else None
+        return self.manifest["selection"]["steps"]
 
     @property
     def choices(self) -> dict[str, str]:
         """The choices the bundling machine made."""
-        return {str(k): str(v) for k, v in self.manifest.get("choices", {}).items()}
+        return dict(self.manifest["choices"])
+
+    def closed_world(self, name: str) -> ClosedWorld:
+        """What the bundle ``name``'s program may read: its own files, and the local
+        data files it recorded without copying them."""
+        recorded = [e["uri"] for e in self.manifest["data_files"] if e["member"] is None]
+        return ClosedWorld.of(name, str(self.folder), recorded)
+
+    def compile_cache(self) -> Path | None:
+        """The folder of the compile caches the bundle holds (``None``: it holds none),
+        inside :attr:`folder` whatever the manifest says."""
+        compiled = self.manifest["compiled"]
+        if not compiled:
+            return None
+        cache = (self.folder / compiled["folder"]).resolve()
+        if not cache.is_relative_to(self.folder.resolve()):  # guards the manifest's check
+            said = f"its compiled folder {shown(compiled['folder'])} lands outside"
+            raise BundleError(f"the bundle is unsafe: {said} {self.folder}", code=E_UNSAFE)
+        return cache
 
 
 def unpack(
@@ -200,19 +226,24 @@ def lower_on_its_machine(bundled: Mapping[str, str], lowering: Callable[[], Any]
     """``lowering()`` (a :class:`~sexpgpu.session.Lowered`) for a run that takes the
     bundle's choices ``bundled`` (``{}``: none); ``E-BUNDLE-008`` when one that names the
     bundling machine's kind (:func:`machine_kind`) cannot be taken here, or when this
-    machine's lowering records another."""
+    machine's lowering records another; ``E-BUNDLE-004`` when another of the bundle's
+    choices cannot be taken (a thread count no machine has)."""
     from sexpgpu.choices import ChoiceRefused
 
     machine = machine_kind(bundled)
-    if not machine:
-        return lowering()
     try:
         lowered = lowering()
     except ChoiceRefused as exc:
-        if exc.choice not in machine:
-            raise
-        raise refuse_machine([f"{exc.choice} {exc.value}: {exc.why}"]) from None
-    differences = machine_differences(machine, lowered.made)
+        if exc.choice in machine:
+            raise refuse_machine([f"{exc.choice} {exc.value}: {exc.why}"]) from None
+        if bundled.get(exc.choice) == exc.value:  # the bundle's own, which no machine takes
+            raise BundleError(
+                f"the bundle's choice {exc.choice} {shown(exc.value)} cannot be taken: "
+                f"{exc.why} (make the bundle again, or run it with --choices fresh)",
+                code=E_MANIFEST,
+            ) from None
+        raise
+    differences = machine_differences(machine, lowered.made) if machine else []
     if differences:
         raise refuse_machine(differences)
     return lowered
@@ -229,31 +260,84 @@ def refuse_machine(differences: list[str]) -> BundleError:
 
 
 def check_data(name: str, manifest: Mapping[str, Any]) -> None:
-    """Refuse a run whose recorded (not copied) local data files are missing or are
-    not the bytes the bundle recorded (size, then sha256)."""
-    import hashlib
-
-    for entry in manifest.get("data_files", []):
-        if entry.get("member") is not None:
+    """Refuse a run whose recorded (not copied) local data files are missing, are not
+    regular files, or are not the bytes the bundle recorded (size, then sha256). A
+    device or a FIFO is refused without being read or waited on."""
+    for entry in manifest["data_files"]:
+        if entry["member"] is not None:
             continue
         path = entry["uri"]
-        try:
-            size = os.path.getsize(path)
-        except OSError as exc:
+        size, digest = _identify_data(name, path, entry["size"])
+        if size != entry["size"] or digest != entry["sha256"]:
             raise BundleError(
-                f"{name} reads the data file {path}, which cannot be read here: "
-                f"{exc.strerror or exc} (bundle it with --with-data)",
-                code=E_DATA,
-            ) from None
-        digest = hashlib.sha256()
-        if size == entry["size"]:
-            with open(path, "rb") as handle:
-                while chunk := handle.read(_CHUNK):
-                    digest.update(chunk)
-        if size != entry["size"] or digest.hexdigest() != entry["sha256"]:
-            raise BundleError(
-                f"{name} reads the data file {path}, which is not the file it was made "
-                f"with: {entry['size']} bytes, sha256 {entry['sha256'][:12]} -> {size} "
-                f"bytes" + ("" if size != entry["size"] else f", {digest.hexdigest()[:12]}"),
+                f"{name} reads the data file {shown(path)}, which is not the file it was "
+                f"made with: {entry['size']} bytes, sha256 {entry['sha256'][:12]} -> {size} "
+                f"bytes" + ("" if digest is None else f", {digest[:12]}"),
                 code=E_DATA,
             )
+
+
+def _identify_data(name: str, path: str, size: int) -> tuple[int, str | None]:
+    """The size of the regular file ``path`` and, when it is ``size`` bytes, their
+    sha256 (read no further than one byte past ``size``)."""
+
+    def unreadable(why: str) -> BundleError:
+        return BundleError(
+            f"{name} reads the data file {shown(path)}, which cannot be read here: "
+            f"{why} (bundle it with --with-data)",
+            code=E_DATA,
+        )
+
+    try:
+        # told before it is opened: opening a device may do something of its own
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise unreadable("it is not a regular file")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO swapped in never blocks
+    except OSError as exc:
+        raise unreadable(exc.strerror or type(exc).__name__) from None
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise unreadable("it is not a regular file")
+        if info.st_size != size:
+            return info.st_size, None
+        digest, got = hashlib.sha256(), 0
+        try:
+            while got <= size and (chunk := handle.read(min(_CHUNK, size + 1 - got))):
+                digest.update(chunk)
+                got += len(chunk)
+        except OSError as exc:
+            raise unreadable(exc.strerror or type(exc).__name__) from None
+    return got, digest.hexdigest() if got == size else None
+
+
+def open_to_run(name: str, catalog: Catalog, *, fresh: bool) -> Unpacked:
+    """The bundle ``name`` unpacked into a scratch folder of this process (removed when
+    it exits; after a kill, by the next bundle command) and checked
+    (:func:`unpack_to_run`)."""
+    import atexit
+    import shutil
+
+    from sexpgpu.bundle.scratch import new_scratch_folder
+
+    folder = new_scratch_folder()
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return unpack_to_run(name, folder / "unpacked", catalog, fresh=fresh)
+
+
+def unpack_to_run(name: str, into: Path, catalog: Catalog, *, fresh: bool) -> Unpacked:
+    """The bundle ``name`` unpacked into ``into`` and checked before anything of it is
+    compiled: every member, its versions against this machine's (unless ``fresh``), its
+    recorded data files, and where its compile caches lie. Every refusal is one
+    :class:`BundleError`."""
+    unpacked = unpack(name, into, catalog.open_location)
+    here = installed_versions(
+        {r.name: r.version for r in catalog.records if r.available and not r.disabled}
+    )
+    compared = pinned_libraries(unpacked.choices)
+    differences = version_differences(unpacked.manifest["versions"], here, compared=compared)
+    if differences and not fresh:
+        raise refuse_versions(name, differences)
+    check_data(name, unpacked.manifest)
+    unpacked.compile_cache()  # one outside the folder is refused now, before compiling
+    return unpacked

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -36,6 +37,21 @@ def jsonable(value: Any) -> Any:
     return str(value)
 
 
+def source_place(path: str | None, bundle: str | None) -> str | None:
+    """Where a source file is, as ``experiment.json`` records it: its path in the folder
+    ``bundle`` that the bundle the program was unpacked from was unpacked into
+    (``sources/run.sx``: the same for every run of the bundle, wherever unpacked), else
+    its real, absolute path; ``None`` for the ``<core>`` prelude."""
+    if path is None:
+        return None
+    real = os.path.realpath(path)
+    if bundle is not None:
+        folder = os.path.realpath(bundle)
+        if os.path.commonpath([real, folder]) == folder:
+            return os.path.relpath(real, folder).replace(os.sep, "/")
+    return real
+
+
 def experiment_record(
     program: Program,
     *,
@@ -46,6 +62,7 @@ def experiment_record(
     finished: bool,
     state_names: Mapping[str, tuple[str, ...]] | None = None,
     loaded: Mapping[str, Mapping[str, Any]] | None = None,
+    bundle: str | None = None,
 ) -> dict[str, Any]:
     """The content of ``experiment.json``: what the run is, as docs/checkpoints.md lists.
 
@@ -53,7 +70,9 @@ def experiment_record(
     stage keeps for it (``OptimizerInfo.state_names(options)``; frozen ones have
     none). ``loaded`` maps a ``:load`` parameter's path to the identity of the
     file it was read from (``{"size": int, "version": str}``, and ``uri``/``tensor``
-    when they differ from the declaration, e.g. the shard of an index).
+    when they differ from the declaration, e.g. the shard of an index). ``bundle``: the
+    folder the bundle the program was unpacked from was unpacked into (each source's
+    ``path`` is then its path there, :func:`source_place`).
     """
     from sexpgpu import __version__
 
@@ -85,7 +104,7 @@ def experiment_record(
         "file": program.file,
         "slug": slug,
         "finished": bool(finished),
-        "sources": [{"name": s.name, "sha256": s.sha256} for s in program.sources],
+        "sources": [_source_record(s, bundle) for s in program.sources],
         "variant": program.variant or "-",
         "knobs": [
             {"name": k.name, "value": jsonable(k.value), "source": k.source} for k in program.knobs
@@ -101,6 +120,12 @@ def experiment_record(
         "nodes": int(nodes),
         "choices": {site: choices[site] for site in sorted(choices)},
     }
+
+
+def _source_record(source: Any, bundle: str | None) -> dict[str, Any]:
+    place = source_place(source.path, bundle)
+    record = {"name": source.name, "sha256": source.sha256}
+    return record if place is None else {**record, "path": place}
 
 
 def state_record(

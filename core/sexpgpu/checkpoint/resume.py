@@ -9,11 +9,12 @@ recorded for the ``resumed from`` lines: changed sources and knobs.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from sexpgpu.checkpoint.keys import E_CHANGED
-from sexpgpu.checkpoint.records import jsonable, shape_text, value_text
+from sexpgpu.checkpoint.records import jsonable, shape_text, source_place, value_text
 from sexpgpu.errors import CheckpointError, StorageError
 
 if TYPE_CHECKING:
@@ -32,6 +33,7 @@ def compare_for_resume(
     devices: int,
     nodes: int,
     state_names: Mapping[str, tuple[str, ...]],
+    bundle: str | None = None,
 ) -> list[str]:
     """Check that ``program`` can continue from a checkpoint's ``experiment.json``.
 
@@ -40,7 +42,10 @@ def compare_for_resume(
     another shape or dtype, trains where it was frozen (or the reverse), or
     keeps other optimizer states. Returns what moved, one line each, for the
     ``resumed from`` annotation: ``source <name> <old> -> <new>`` (12 hex digits
-    of the sha256, ``-`` for a file new or gone) and ``knob <name> <old> -> <new>``.
+    of the sha256, ``-`` for a file new or gone; for the same bytes moved into or out
+    of a bundle, its paths: ``bundle`` is the folder ``program``'s bundle was unpacked
+    into, see :func:`~sexpgpu.checkpoint.records.source_place`) and ``knob <name> <old>
+    -> <new>``.
     """
     old_devices, old_nodes = int(recorded.get("devices", 1)), int(recorded.get("nodes", 1))
     if (old_devices, old_nodes) != (devices, nodes):
@@ -57,7 +62,7 @@ def compare_for_resume(
             + "\nresume with the program that wrote the checkpoint, or start the run again",
             code=E_CHANGED,
         )
-    return _moved_sources(recorded, program) + _moved_knobs(recorded, program)
+    return _moved_sources(recorded, program, bundle) + _moved_knobs(recorded, program)
 
 
 def _param_problems(
@@ -93,15 +98,27 @@ def _param_problems(
     return problems
 
 
-def _moved_sources(recorded: Mapping[str, Any], program: Program) -> list[str]:
-    old = {s["name"]: s.get("sha256") for s in recorded.get("sources", [])}
-    new = {s.name: s.sha256 for s in program.sources}
+def _moved_sources(recorded: Mapping[str, Any], program: Program, bundle: str | None) -> list[str]:
+    old = {s["name"]: s for s in recorded.get("sources", [])}
+    new = {s.name: s for s in program.sources}
     moved = []
     for name in [*old, *(n for n in new if n not in old)]:
-        before, after = old.get(name), new.get(name)
+        before = old[name].get("sha256") if name in old else None
+        after = new[name].sha256 if name in new else None
         if before != after:
             moved.append(f"source {name} {_short(before)} -> {_short(after)}")
+            continue
+        was, now = old[name].get("path"), source_place(new[name].path, bundle)
+        # a bundle's sources are its own paths: the same bytes there and in the project
+        # are listed by path; a project moved between folders is not
+        if was and now and was != now and not (os.path.isabs(was) and os.path.isabs(now)):
+            moved.append(f"source {name} {_escaped(was)} -> {_escaped(now)}")
     return moved
+
+
+def _escaped(text: str) -> str:
+    """``text`` with its control characters escaped: one annotation line stays one."""
+    return text if text.isprintable() else ascii(text)[1:-1]
 
 
 def _moved_knobs(recorded: Mapping[str, Any], program: Program) -> list[str]:

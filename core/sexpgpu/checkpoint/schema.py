@@ -98,6 +98,8 @@ EXPERIMENT_SCHEMA: dict[str, Any] = {
                 "properties": {
                     "name": {**_TEXT, "pattern": r"^[^\x00-\x1f\x7f]+$"},
                     "sha256": {"type": "string", "pattern": r"^[0-9a-f]{64}$"},
+                    # a file's real path, or its path in a bundle (escaped when shown)
+                    "path": {**_TEXT, "minLength": 1},
                 },
             },
         },

@@ -22,6 +22,7 @@ from sexpgpu.lang.ir import Program
 
 if TYPE_CHECKING:
     from sexpgpu.catalog import Catalog
+    from sexpgpu.lang.syntax import FileCheck
 
 __all__ = ["compile_file", "compile_text", "core_source"]
 
@@ -48,6 +49,7 @@ def compile_file(
     variant: str | None = None,
     steps: int | None = None,
     check_files: bool = True,
+    files: FileCheck | None = None,
 ) -> Program:
     """Compile the `.sx` file at ``path`` (as the user named it) into a checked program.
 
@@ -55,6 +57,8 @@ def compile_file(
     ``variant`` a ``defvariant`` to apply, ``steps`` sets the knob ``steps``.
     ``check_files`` checks every ``defdata``'s files (``False``: only what its
     types need, for an evaluator that reads only its passes' data).
+    ``files`` refuses a file the program names that it may not read (see
+    :data:`~sexpgpu.lang.syntax.FileCheck`), before anything reads it.
     Raises :class:`SourceError` for mistakes in the sources and
     :class:`sexpgpu.errors.UsageError` for mistakes in these arguments.
     """
@@ -68,7 +72,7 @@ def compile_file(
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise SourceError(f"cannot read {path}: {reason}") from None
     return _compile(
-        text, data, path, os.path.realpath(path), catalog, sets, variant, steps, check_files
+        text, data, path, os.path.realpath(path), catalog, sets, variant, steps, check_files, files
     )
 
 
@@ -95,6 +99,7 @@ def _compile(
     variant: str | None,
     steps: int | None,
     check_files: bool,
+    files: FileCheck | None = None,
 ) -> Program:
     from sexpgpu.lang.definitions import CORE_NAME, SourceText
     from sexpgpu.lang.pipeline import compile_program
@@ -105,8 +110,9 @@ def _compile(
 
     def compile_all() -> Program:
         return compile_program(
-            core, main, catalog, dict(sets or {}), variant, steps, check_files=check_files
-        )
+            core, main, catalog, dict(sets or {}), variant, steps,
+            check_files=check_files, files=files,
+        )  # fmt: skip
 
     try:
         return _with_deep_stack(compile_all)

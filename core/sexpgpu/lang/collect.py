@@ -25,6 +25,7 @@ from sexpgpu.lang.definitions import (
     VariantDef,
 )
 from sexpgpu.lang.reader import Atom, Kw, SList, Sym, read, show
+from sexpgpu.lang.syntax import FileCheck, checked_location
 from sexpgpu.lang.text import err, suggest
 
 __all__ = ["MAX_SOURCE_BYTES", "TOP_LEVEL", "collect", "read_source_file"]
@@ -57,10 +58,11 @@ def read_source_file(path: str) -> bytes:
     return data
 
 
-def collect(core: SourceText, main: SourceText) -> Definitions:
+def collect(core: SourceText, main: SourceText, *, files: FileCheck | None = None) -> Definitions:
     """Read the prelude ``core``, then ``main`` and its includes (each file once,
-    relative to the file that includes it), into their definitions."""
-    collector = _Collector(os.path.dirname(main.file) or ".")
+    relative to the file that includes it, and taken by ``files`` before it is read),
+    into their definitions."""
+    collector = _Collector(os.path.dirname(main.file) or ".", files)
     collector.load(core)
     if main.path is not None:
         collector.read_paths.add(main.path)
@@ -80,8 +82,9 @@ def collect(core: SourceText, main: SourceText) -> Definitions:
 class _Collector:
     """The definitions so far while the sources are read."""
 
-    def __init__(self, base_dir: str) -> None:
+    def __init__(self, base_dir: str, files: FileCheck | None = None) -> None:
         self.base_dir = base_dir
+        self.files = files
         self.sources: list[g.Source] = []
         self.read_paths: set[str] = set()
         # the files being read, outermost first: an include of one of them is a cycle
@@ -142,6 +145,7 @@ class _Collector:
             raise err(f"include cycle: {' -> '.join([*names, names[0]])}", form.items[1].pos)
         if resolved in self.read_paths:
             return  # each file is read once (two files may include a third)
+        checked_location(self.files, "include", shown, form.items[1].pos)
         try:
             data = read_source_file(resolved)
             text = data.decode("utf-8")

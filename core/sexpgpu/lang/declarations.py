@@ -10,7 +10,13 @@ from sexpgpu.errors import PluginError, Pos, SexpError, SourceError
 from sexpgpu.lang import ir as g
 from sexpgpu.lang.reader import SList, Sym, show
 from sexpgpu.lang.static import Statics
-from sexpgpu.lang.syntax import pick_keywords, relative_to_file, split_args
+from sexpgpu.lang.syntax import (
+    FileCheck,
+    checked_location,
+    pick_keywords,
+    relative_to_file,
+    split_args,
+)
 from sexpgpu.lang.text import describe, err, listing, suggest
 
 if TYPE_CHECKING:
@@ -33,11 +39,13 @@ class Declarations:
         catalog: Catalog,
         *,
         check_files: bool = True,
+        files: FileCheck | None = None,
     ) -> None:
         self._datas = datas
         self.statics = statics
         self.catalog = catalog
         self._check_files = check_files
+        self._files = files
         self._data_decls: dict[str, g.DataDecl] = {}
 
     def _descriptor(self, hook: str, what: str, name: str, pos: Pos) -> Any:
@@ -84,7 +92,8 @@ class Declarations:
                 )
             options[key] = self.option_value(node, info.options[key], kw.name, {})
             if key in getattr(info, "path_options", ()):
-                options[key] = relative_to_file(options[key], node.pos)
+                located = relative_to_file(options[key], node.pos)
+                options[key] = checked_location(self._files, "data", located, node.pos)
         p3, run_kw = split_args(form.items[3:])
         if p3:
             raise err(

@@ -16,7 +16,7 @@ from sexpgpu.lang.model import MAX_REPEAT, Instance, Model, Stack, framed
 from sexpgpu.lang.params import Loaded, ParamReader
 from sexpgpu.lang.reader import SList, Sym, show
 from sexpgpu.lang.static import Statics
-from sexpgpu.lang.syntax import pick_keywords, split_args
+from sexpgpu.lang.syntax import FileCheck, pick_keywords, split_args
 from sexpgpu.lang.text import err, listing, suggest
 
 if TYPE_CHECKING:
@@ -28,10 +28,17 @@ __all__ = ["elaborate"]
 Active = tuple[tuple[str, Pos], ...]
 
 
-def elaborate(defs: Definitions, knobs: Knobs, run: RunForm, catalog: Catalog) -> Model:
+def elaborate(
+    defs: Definitions,
+    knobs: Knobs,
+    run: RunForm,
+    catalog: Catalog,
+    *,
+    files: FileCheck | None = None,
+) -> Model:
     """Make the roots ``run`` names from the layers of ``defs``; ``catalog`` is asked
-    which storage schemes a ``:load`` may name."""
-    maker = _Maker(defs, Statics(knobs.values), catalog)
+    which storage schemes a ``:load`` may name, and ``files`` which files."""
+    maker = _Maker(defs, Statics(knobs.values), catalog, files)
     opts = run.opts
     if "model" not in opts:
         raise err("defrun needs :model, e.g. :model (net 32 8)", run.form.pos)
@@ -48,11 +55,13 @@ def elaborate(defs: Definitions, knobs: Knobs, run: RunForm, catalog: Catalog) -
 class _Maker:
     """Makes instances; the parameters declared so far, in order."""
 
-    def __init__(self, defs: Definitions, statics: Statics, catalog: Catalog) -> None:
+    def __init__(
+        self, defs: Definitions, statics: Statics, catalog: Catalog, files: FileCheck | None
+    ) -> None:
         self.layers = defs.layers
         self.core_layers = defs.core_layers
         self.statics = statics
-        self.param_reader = ParamReader(statics, catalog)
+        self.param_reader = ParamReader(statics, catalog, files)
         self.params: list[g.ParamDecl] = []
 
     def instantiate(

@@ -13,7 +13,13 @@ from sexpgpu.lang import ir as g
 from sexpgpu.lang.ops import FLOATS
 from sexpgpu.lang.reader import SList, SVec, Sym, show
 from sexpgpu.lang.static import Statics
-from sexpgpu.lang.syntax import pick_keywords, relative_to_file, split_args
+from sexpgpu.lang.syntax import (
+    FileCheck,
+    checked_location,
+    pick_keywords,
+    relative_to_file,
+    split_args,
+)
 from sexpgpu.lang.text import err, listing, suggest
 
 if TYPE_CHECKING:
@@ -49,11 +55,12 @@ class Loaded:
 
 class ParamReader:
     """Reads parameter declarations, their values known by ``statics``, their files'
-    schemes checked against ``catalog``'s storage backends."""
+    schemes checked against ``catalog``'s storage backends, their files taken by ``files``."""
 
-    def __init__(self, statics: Statics, catalog: Catalog) -> None:
+    def __init__(self, statics: Statics, catalog: Catalog, files: FileCheck | None = None) -> None:
         self.statics = statics
         self.catalog = catalog
+        self.files = files
 
     def decl(
         self, item: SList, path: str, env: Mapping[str, Any], loaded: Loaded | None
@@ -151,7 +158,7 @@ class ParamReader:
                 f"a :load file is a .safetensors file or a .safetensors.index.json index, got '{uri}'",
                 pos,
             )
-        return relative_to_file(uri, pos)
+        return checked_location(self.files, "load", relative_to_file(uri, pos), pos)
 
     def check_scheme(self, scheme: str, pos: Pos) -> None:
         """Refuse a ``:load`` scheme no available storage backend opens (a plain

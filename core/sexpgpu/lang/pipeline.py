@@ -28,6 +28,7 @@ from sexpgpu.lang.plan import plan_run
 
 if TYPE_CHECKING:
     from sexpgpu.catalog import Catalog
+    from sexpgpu.lang.syntax import FileCheck
 
 __all__ = ["assemble", "compile_program"]
 
@@ -41,14 +42,15 @@ def compile_program(
     steps: int | None,
     *,
     check_files: bool = True,
+    files: FileCheck | None = None,
 ) -> g.Program:
     """Run every pass on the prelude ``core`` and the file ``main``, against ``catalog``
-    (``check_files``: see :func:`sexpgpu.lang.compile_file`)."""
-    defs = collect(core, main)
+    (``check_files``, ``files``: see :func:`sexpgpu.lang.compile_file`)."""
+    defs = collect(core, main, files=files)
     knobs = settle_knobs(defs, sets, variant, steps)
     run = read_defrun(defs)
-    model = elaborate(defs, knobs, run, catalog)
-    plan = plan_run(defs, knobs, run, catalog, check_files=check_files)
+    model = elaborate(defs, knobs, run, catalog, files=files)
+    plan = plan_run(defs, knobs, run, catalog, check_files=check_files, files=files)
     graphs = build_graphs(plan, model, knobs, catalog)
     return assemble(defs, knobs, variant, model, plan.settings, graphs)
 

@@ -22,7 +22,7 @@ from sexpgpu.lang.knobs import Knobs
 from sexpgpu.lang.ops import FLOATS
 from sexpgpu.lang.reader import SList, SVec, Sym
 from sexpgpu.lang.static import Statics
-from sexpgpu.lang.syntax import named_form
+from sexpgpu.lang.syntax import FileCheck, named_form
 from sexpgpu.lang.text import err, suggest
 
 if TYPE_CHECKING:
@@ -72,12 +72,21 @@ class RunPlan:
 
 
 def plan_run(
-    defs: Definitions, knobs: Knobs, run: RunForm, catalog: Catalog, *, check_files: bool = True
+    defs: Definitions,
+    knobs: Knobs,
+    run: RunForm,
+    catalog: Catalog,
+    *,
+    check_files: bool = True,
+    files: FileCheck | None = None,
 ) -> RunPlan:
     """Plan the run ``run``: its settings and the run's optimizer now, its stages and
     evals as :attr:`RunPlan.items` is read; data and optimizers are looked up in ``catalog``
-    (``check_files``: whether each data source's files are checked)."""
-    decls = Declarations(defs.datas, Statics(knobs.values), catalog, check_files=check_files)
+    (``check_files``: whether each data source's files are checked; ``files``: what
+    refuses a data file the program may not read, before it is)."""
+    decls = Declarations(
+        defs.datas, Statics(knobs.values), catalog, check_files=check_files, files=files
+    )
     settings = run_settings(run, decls.statics)
     opts = run.opts
     base = decls.optimizer_decl(opts["optimizer"], None) if "optimizer" in opts else None

@@ -5,10 +5,10 @@ written relative to the file that writes them."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from sexpgpu.errors import Pos
+from sexpgpu.errors import Pos, SexpError, SourceError
 from sexpgpu.lang.definitions import CORE_NAME
 from sexpgpu.lang.reader import Kw, SList, Sym, show
 from sexpgpu.lang.text import err, suggest
@@ -23,6 +23,23 @@ def relative_to_file(location: Any, pos: Pos) -> Any:
     if "://" in location or location.startswith("~") or os.path.isabs(location):
         return location
     return os.path.normpath(os.path.join(os.path.dirname(pos.file), location))
+
+
+FileCheck = Callable[[str, str], None]
+"""What refuses a file a program may not name: called with what the file is for
+(``include``, ``load`` or ``data``) and its location as the compiler resolved it (a
+relative path made relative to the file that names it), before anything reads it;
+raises :class:`SexpError` to refuse it. A bundle's run passes its closed world."""
+
+
+def checked_location(files: FileCheck | None, what: str, location: Any, pos: Pos) -> Any:
+    """``location`` once ``files`` (if any) takes it; its refusal is placed at ``pos``."""
+    if files is not None and isinstance(location, str):
+        try:
+            files(what, location)
+        except SexpError as exc:
+            raise SourceError(exc.message, code=exc.code, pos=pos) from None
+    return location
 
 
 def named_form(
