@@ -5,12 +5,14 @@ capability, OpenMP its thread count, MKL its reproducibility branch), so a run
 that must take a checkpoint's pinned choices sets them in its environment first:
 the lowering the run will take says what (``LoweringInfo.environment``). It is read
 without those libraries; errors are left to the run, which reads the checkpoint
-again and reports what is wrong in its place.
+again and reports what is wrong in its place, but for a checkpoint location that
+cannot be reached, refused at once rather than tried again.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
 
 from sexpgpu.catalog import Catalog
@@ -56,14 +58,25 @@ def checkpoint_choices(
     catalog: Catalog, resume: str, checkpoint_dir: str | None
 ) -> dict[str, str] | None:
     """The ``choices`` of the checkpoint ``--resume resume`` names; ``None`` when there
-    is none, or when it cannot be read (the run's own read then reports that)."""
+    is none, or when it cannot be read (the run's own read then reports that in its
+    place). A location that cannot be reached or listed is refused here, as the run
+    would refuse it: its every attempt (seconds of retries, on a dead endpoint) is
+    not made twice."""
     from sexpgpu import checkpoint as ckpt
-    from sexpgpu.errors import SexpError
+    from sexpgpu.errors import SexpError, StorageError
+    from sexpgpu_cli.launch import in_worker
 
     try:
         found = ckpt.resolve_resume(resume, checkpoint_dir, catalog.open_location)
-        if found is None:
-            return None
+    except StorageError as error:
+        if in_worker() and os.environ.get("RANK", "0") != "0":
+            sys.exit(error.exit_code)  # every rank meets it: rank 0 says it, as for the run's
+        raise
+    except (SexpError, OSError):
+        return None
+    if found is None:
+        return None
+    try:
         experiment = ckpt.read_experiment(*found)
     except (SexpError, OSError):
         return None

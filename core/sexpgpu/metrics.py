@@ -62,6 +62,8 @@ def open_sinks(
     does, and :class:`sexpgpu.errors.RunError` when a sink cannot be opened; the
     sinks opened before the failing one are closed again.
     """
+    from sexpgpu.checkpoint.storage import redact
+
     opened: list[MetricsSink] = []
     try:
         for name in dict.fromkeys(names):
@@ -74,7 +76,7 @@ def open_sinks(
                 reason = exc.strerror or str(exc)
                 where = exc.filename or metrics_dir
                 raise RunError(
-                    f"the metrics sink '{name}' cannot be opened: {where}: {reason}"
+                    redact(f"the metrics sink '{name}' cannot be opened: {where}: {reason}")
                 ) from None
     except BaseException:
         for sink in opened:
@@ -95,7 +97,11 @@ def _number(value: Any) -> int | float:
 
 
 def _error_line(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}".splitlines()[0]
+    # A sink's error may quote its URI, credentials and all (a tracking server's
+    # user:password@): they are masked before the line is logged or kept.
+    from sexpgpu.checkpoint.storage import redact
+
+    return redact(f"{type(exc).__name__}: {exc}".splitlines()[0])
 
 
 class _SinkWorker:

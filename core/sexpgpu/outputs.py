@@ -126,6 +126,7 @@ class Outputs:
         from sexpgpu.status import StatusFile, run_identity
 
         options, session = run.options, run.session
+        made = _missing_folders(run_dir)
         try:
             os.makedirs(run_dir, exist_ok=True)
         except OSError as exc:
@@ -134,7 +135,12 @@ class Outputs:
                 f"cannot use {options.metrics_dir} as the metrics folder: {exc.strerror or exc}"
             ) from None
         names = list(options.metrics_sinks)
-        sinks = open_sinks(names, options.metrics_dir, slug, run.catalog)
+        there = set(os.listdir(run_dir))
+        try:
+            sinks = open_sinks(names, options.metrics_dir, slug, run.catalog)
+        except BaseException:
+            _take_back(run_dir, made, there)
+            raise
         metrics = MetricsStream(sinks, experiment=slug)
         where = [run.catalog.metrics_sink(name).location for name in names]
         found = [at(options.metrics_dir, slug) for at in where if at is not None]
@@ -244,6 +250,41 @@ class _Unwritten:
 
     def progress(self, step: int, **fields: object) -> bool:
         return True
+
+
+def _missing_folders(path: str) -> list[str]:
+    """``path`` and the folders above it that do not exist yet, deepest first."""
+    missing = []
+    while path and not os.path.lexists(path):
+        missing.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return missing
+
+
+def _take_back(run_dir: str, made: list[str], there: set[str]) -> None:
+    """Undo what a run refused while opening its metrics sinks made: the run folder it
+    created (its events file, empty, and whatever the sinks opened before the failing
+    one left), else the empty files the sinks created in a folder that was there, then
+    each folder it made above, while empty. A refused run leaves nothing behind."""
+    import shutil
+
+    if run_dir in made:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    else:
+        for name in set(os.listdir(run_dir)) - there:
+            path = os.path.join(run_dir, name)
+            if os.path.isfile(path) and not os.path.islink(path) and not os.path.getsize(path):
+                os.unlink(path)
+    for folder in made:
+        try:
+            os.rmdir(folder)
+        except FileNotFoundError:
+            continue  # the run folder, removed whole above
+        except OSError:
+            break  # not empty: someone else's now
 
 
 def _stem(path: str) -> str:

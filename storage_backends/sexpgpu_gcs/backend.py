@@ -368,8 +368,29 @@ def _detail(exc: Exception) -> str:
     it (``Connection refused``, ``Read timed out``) is what says what happened."""
     inner = exc.args[0] if exc.args else None
     reason = getattr(inner, "reason", None)
-    text = str(reason if isinstance(reason, Exception) else exc)
+    if isinstance(reason, Exception):
+        text = _connection_failure(reason) or str(reason)
+    else:
+        text = str(exc)
     return " ".join(text.split()) or type(exc).__name__
+
+
+def _connection_failure(error: Exception) -> str | None:
+    """A connection's failure naming its endpoint once. urllib3 writes the connection
+    (its host and port, or an object's address) before a reason that may name the
+    host again: ``HTTPConnection(host='h', port=9): Failed to resolve 'h' (...)``."""
+    from urllib3.exceptions import ConnectTimeoutError, NameResolutionError, NewConnectionError
+
+    if isinstance(error, NewConnectionError):
+        conn = error.conn
+        message = str(error).removeprefix(f"{conn}: ")
+        if conn is None or isinstance(error, NameResolutionError):
+            return message  # "Failed to resolve 'h' (...)": the host, once
+        return f"{conn.host}:{conn.port}: {message}"
+    if isinstance(error, ConnectTimeoutError):  # (connection, "Connection to h timed out. ...")
+        said = [arg for arg in error.args if isinstance(arg, str)]
+        return said[-1] if said else None
+    return None
 
 
 class _ViewReader(io.RawIOBase):

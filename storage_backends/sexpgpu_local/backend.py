@@ -111,7 +111,14 @@ class LocalStorage:
         return f"local folder {self.root}"
 
     def check_writable(self) -> None:
-        """Create the folder if needed, then write and delete a probe file."""
+        """Write and delete a probe file in the folder, made if need be; the folders the
+        probe made are removed again, so that a run refused before its first
+        checkpoint leaves no folder behind (a checkpoint's write makes them)."""
+        made = []
+        missing = self.root
+        while not missing.exists() and not missing.is_symlink() and missing != missing.parent:
+            made.append(missing)
+            missing = missing.parent
         try:
             _make_folders(self.root)
         except PermissionError as exc:
@@ -133,6 +140,11 @@ class LocalStorage:
         probe = PROBE_PREFIX + secrets.token_hex(6)
         self.write(probe, b"sexpgpu write probe\n")
         self.delete(probe)
+        for folder in made:  # deepest first
+            try:
+                folder.rmdir()
+            except OSError:
+                break  # something else is in it now: it stays
 
     def list_children(self, prefix: str = "") -> list[str]:
         """Sorted names under ``prefix``; [] when the folder does not exist."""

@@ -79,7 +79,8 @@ def test_checkpoint_key_file_that_is_not_there(monkeypatch, tmp_path):
 
 
 def test_unreachable_endpoint_fails_after_the_attempts_set(monkeypatch):
-    point_gcs_at(monkeypatch, f"http://127.0.0.1:{free_port()}")
+    port = free_port()
+    point_gcs_at(monkeypatch, f"http://127.0.0.1:{port}")
     monkeypatch.setenv("SEXPGPU_GCS_MAX_ATTEMPTS", "2")
     store = GcsStorage("gs://bucket/run")
     for call, code, doing in (
@@ -93,6 +94,21 @@ def test_unreachable_endpoint_fails_after_the_attempts_set(monkeypatch):
         assert info.value.code == code
         assert text.startswith(f"{code}: {doing} failed after 2 attempts: "), text
         assert "Connection refused" in text and "\n" not in text
+        # the endpoint once, without the client's own objects
+        assert text.count("127.0.0.1") == 1 and f"127.0.0.1:{port}: " in text, text
+        assert "HTTPConnection" not in text and " at 0x" not in text, text
+
+
+def test_an_endpoint_whose_name_does_not_resolve_is_named_once(monkeypatch):
+    point_gcs_at(monkeypatch, "http://someone:secret@sexpgpu-test.invalid:9")
+    monkeypatch.setenv("SEXPGPU_GCS_MAX_ATTEMPTS", "1")
+    with pytest.raises(StorageError) as info:
+        GcsStorage("gs://bucket/run").list_children()
+    text = str(info.value)
+    assert info.value.code == "E-STORAGE-004"
+    assert text.count("sexpgpu-test.invalid") == 1, text
+    assert "Failed to resolve 'sexpgpu-test.invalid'" in text, text
+    assert "secret" not in text and "HTTPConnection" not in text, text
 
 
 @pytest.mark.parametrize(

@@ -29,11 +29,14 @@ def test_file_uri_on_another_host_is_refused():
         LocalStorage("file://server/share/run")
 
 
-def test_check_writable_creates_the_folder(tmp_path):
+def test_check_writable_leaves_the_location_as_it_found_it(tmp_path):
     store = LocalStorage(str(tmp_path / "a" / "b" / "run"))
-    store.check_writable()
-    assert (tmp_path / "a" / "b" / "run").is_dir()
-    assert os.listdir(tmp_path / "a" / "b" / "run") == []
+    store.check_writable()  # the folders it made for its probe are gone again
+    assert os.listdir(tmp_path) == []
+    store.write("step-00000001/state.json", b"{}")  # a checkpoint's write makes them
+    assert os.listdir(tmp_path / "a" / "b" / "run") == ["step-00000001"]
+    store.check_writable()  # a folder that was there stays, with what it holds
+    assert os.listdir(tmp_path / "a" / "b" / "run") == ["step-00000001"]
 
 
 def test_a_file_in_the_way_cannot_be_listed(tmp_path):
