@@ -9,6 +9,7 @@ capability dropped (``setpriv``), so a folder's mode binds it as it binds a user
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -84,3 +85,7 @@ def test_sexpgpu_checkpoint_says_it_in_one_line(unreadable_newest: Path):
     done = as_user("checkpoint", "ck", cwd=unreadable_newest)
     assert "Traceback" not in done.stderr, done.stderr
     assert f"! step-00000004: {DENIED}" in done.stdout.splitlines()
+    # whether it is complete is not known: never shown as complete
+    rows = {line.split()[0]: line for line in done.stdout.splitlines()[2:] if line[:1] == " "}
+    assert re.fullmatch(r"  2\s+yes\s+false\s+\S+ kB\s+.+ UTC", rows["2"]), rows
+    assert re.fullmatch(r"  4\s+\?\s+\?\s+-\s+-", rows["4"]), rows

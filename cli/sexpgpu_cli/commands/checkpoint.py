@@ -186,7 +186,7 @@ def render_listing(uri: str, entries: list[CheckpointEntry]) -> str:
         if e.problem is not None:
             finished = "?"
             problems.append(f"! {e.key}: {shown(e.problem)}")
-        complete = "yes" if e.complete else "no (cut off)"
+        complete = {True: "yes", False: "no (cut off)", None: "?"}[e.complete]
         size = "-" if e.size is None else _size(e.size)
         rows.append((str(e.step), complete, finished, size, when))
     return "\n".join([f"checkpoints in {shown(uri)}", *_table(rows), *problems]) + "\n"

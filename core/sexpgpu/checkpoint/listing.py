@@ -24,7 +24,8 @@ class CheckpointEntry:
 
     step: int
     key: str
-    complete: bool
+    complete: bool | None
+    """Whether its ``experiment.json`` is there; ``None`` when the folder cannot be read."""
     finished: bool | None = None
     size: int | None = None
     written: float | None = None
@@ -37,9 +38,14 @@ def list_checkpoints(storage: Storage) -> list[CheckpointEntry]:
     entries = []
     for step, key in steps_of(storage):
         try:
-            if not storage.exists(file_key(key, EXPERIMENT_FILE)):
-                entries.append(CheckpointEntry(step, key, complete=False))
-                continue
+            complete = storage.exists(file_key(key, EXPERIMENT_FILE))
+        except StorageError as error:  # a folder that cannot be read: complete or not, unknown
+            entries.append(CheckpointEntry(step, key, complete=None, problem=error.render()))
+            continue
+        if not complete:
+            entries.append(CheckpointEntry(step, key, complete=False))
+            continue
+        try:
             experiment, data = read_experiment_bytes(storage, key)
         except (CheckpointError, StorageError) as error:
             entries.append(CheckpointEntry(step, key, complete=True, problem=error.render()))
