@@ -12,6 +12,7 @@ is a subprocess, with the plugins on its ``PYTHONPATH``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import uuid
@@ -23,9 +24,12 @@ import click
 import pytest
 
 import sexpgpu_data
+import sexpgpu_eval
 import sexpgpu_jsonl
 import sexpgpu_torch
+from sexpgpu import lang
 from sexpgpu.catalog import Catalog
+from sexpgpu.errors import PluginError
 from sexpgpu.extension import (
     DataSourceInfo,
     MetricsSinkInfo,
@@ -38,6 +42,7 @@ from sexpgpu.lang.ops import Arg, Keyword, OpSpec, same_float
 from sexpgpu.plugin_supplies import SUPPLIES
 from tests import inprocess
 from tests.foundation.pluginkit import make_plugin, plugin_line, run_sexpgpu
+from tests.lang import test_generate as generating
 
 TAG = uuid.uuid4().hex[:8]  # module names of this run's plugins, never another test's
 
@@ -138,8 +143,8 @@ REFUSED_SINK = (
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("site")
-    for name, source in PLUGINS.items():
-        make_plugin(root, name, {f"t_{name}_{TAG}": source}, {name: f"t_{name}_{TAG}"})
+    for name, code in PLUGINS.items():
+        make_plugin(root, name, {f"t_{name}_{TAG}": code}, {name: f"t_{name}_{TAG}"})
     return root
 
 
@@ -361,7 +366,7 @@ def test_a_reason_from_sexpgpu_unavailable_is_no_refusal() -> None:
 
 def test_a_refused_plugin_s_descriptors_are_named_where_they_are_asked_for() -> None:
     catalog = Catalog.of({**OURS, "mine": _hooked("sexpgpu_metrics_sinks", _sink())})
-    with pytest.raises(Exception) as caught:
+    with pytest.raises(PluginError) as caught:
         catalog.metrics_sink("csv")
     assert str(caught.value) == (
         f"the metrics sink 'csv' needs the plugin 'mine', which is refused: {REFUSED_SINK}"
@@ -462,3 +467,25 @@ def test_sexpgpu_s_own_plugins_keep_every_contract() -> None:
         catalog.supplied(hook)
     assert len(catalog.records) >= 10
     assert [(r.name, r.reason) for r in catalog.records if not r.available] == []
+
+
+def test_a_data_source_whose_prompt_length_fails_is_named_at_the_sample_form() -> None:
+    """Any callable of a plugin's that a compile calls is held so: a data source's
+    ``prompt_length`` (for a generator's prompts), as an op's ``infer``."""
+
+    def broken_count(options: Any, seq: int) -> int:
+        raise KeyError("length")
+
+    (sort,) = [i for i in sexpgpu_data.data_sources() if i.name == "sort"]
+    cards = dataclasses.replace(sort, name="cards", prompt_length=broken_count)
+    catalog = Catalog.of(
+        {**OURS, "eval": sexpgpu_eval, "cards": _hooked("sexpgpu_data_sources", [cards])}
+    )
+    text = generating.source().replace("(defdata train (sort", "(defdata train (cards")
+    with pytest.raises(PluginError) as caught:
+        lang.compile_text(text, generating.FILE, catalog=catalog)
+    assert str(caught.value) == (
+        f"{generating.SAMPLE}: E-PLUGIN-002: the data source 'cards' of the plugin 'cards': "
+        "its prompt_length raised KeyError: 'length'"
+    )
+    assert lang.compile_text(generating.source(), generating.FILE, catalog=catalog).stages

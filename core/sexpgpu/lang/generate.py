@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from sexpgpu.errors import Pos
 from sexpgpu.lang import ir as g
 from sexpgpu.lang.builder import Builder, Ctx, T
+from sexpgpu.lang.optable import plugin_call
 from sexpgpu.lang.reader import SList, Sym, show
 from sexpgpu.lang.syntax import pick_keywords, split_args
 from sexpgpu.lang.text import describe, err, listing, suggest
@@ -103,9 +104,12 @@ def read_sample(node: Any, data: g.DataDecl, decls: Declarations) -> SamplePlan:
         )
     if not 0 < top_p <= 1:
         raise err(f":top-p must be above 0 and at most 1, got {top_p}", opts["top-p"].pos)
-    info = decls.catalog.named("sexpgpu_data_sources", "data source", data.source)
+    hook = "sexpgpu_data_sources"
+    info = decls.catalog.named(hook, "data source", data.source)
+    owner = next((r.name for i, r in decls.catalog.supplied(hook) if i is info), "?")
+    who = f"the data source '{data.source}' of the plugin '{owner}'"
     given = integer("prompt", 0, 1) if "prompt" in opts else None
-    prompt = _prompt_length(node, opts, given, data, info)
+    prompt = _prompt_length(node, opts, given, data, info, who)
     new_tokens = integer("new-tokens", 0, 1) if "new-tokens" in opts else None
     if new_tokens is None:
         raise err(f"sample needs :new-tokens (tokens to make per record): {USAGE}", node.pos)
@@ -143,9 +147,10 @@ def read_sample(node: Any, data: g.DataDecl, decls: Declarations) -> SamplePlan:
 
 
 def _prompt_length(
-    node: Any, opts: Mapping[str, Any], given: int | None, data: g.DataDecl, info: Any
+    node: Any, opts: Mapping[str, Any], given: int | None, data: g.DataDecl, info: Any, who: str
 ) -> int:
-    """The prompt's tokens: ``:prompt`` (``given``), else the data source's own."""
+    """The prompt's tokens: ``:prompt`` (``given``), else the data source's own (``info``,
+    supplied as ``who`` says)."""
     inputs = data.fields.get("inputs")
     if inputs is None or inputs.dtype != "i64" or len(inputs.shape) != 2:
         raise err(
@@ -153,8 +158,11 @@ def _prompt_length(
             f"i64[batch, seq] (it has {listing(data.fields)})",
             node.pos,
         )
-    own = getattr(info, "prompt_length", None)
-    own = int(own(data.options, data.seq)) if own is not None else None
+    count, own = getattr(info, "prompt_length", None), None
+    if count is not None:  # a plugin's: its bug is told as its own, at the sample form
+        own = plugin_call(
+            who, "prompt_length", lambda: int(count(data.options, data.seq)), pos=node.pos
+        )
     if given is not None:
         if own is not None and given != own and "reward" not in opts:
             raise err(

@@ -17,12 +17,13 @@ from sexpgpu.plugin_supplies import exception_text
 if TYPE_CHECKING:
     from sexpgpu.catalog import Catalog
 
-__all__ = ["E_PLUGIN_CALL", "OPS_HOOK", "OpTable"]
+__all__ = ["E_PLUGIN_CALL", "OPS_HOOK", "OpTable", "plugin_call"]
 
 OPS_HOOK = "sexpgpu_ops"
 E_PLUGIN_CALL = "E-PLUGIN-002"
-"""A plugin op's ``infer``, ``compile`` or ``fold`` that raised something other than a
-sexpgpu error, or whose ``infer`` returned no tensor type: the plugin's mistake."""
+"""A plugin's callable that raised something other than a sexpgpu error as a program
+is compiled (an op's ``infer``, ``compile`` or ``fold``, a data source's
+``prompt_length``), or an op's ``infer`` that returned no tensor type: its mistake."""
 
 
 class OpTable:
@@ -116,19 +117,14 @@ def _guarded(spec: OpSpec, plugin: str) -> OpSpec:
     mistake the op found), or an ``infer`` that types nothing, is one line
     (``E-PLUGIN-002``) naming the plugin, the op and the call in the user's file."""
 
+    who = f"the op '{spec.name}' of the plugin '{plugin}'"
+
     def guard(member: str, call: Callable[..., Any]) -> Callable[..., Any]:
         def guarded(*args: Any) -> Any:
             # infer(op, types, attrs, pos), fold(values, pos), compile(call): call.pos
             places = (*args, *(getattr(arg, "pos", None) for arg in args))
             where = next((place for place in places if isinstance(place, Pos)), None)
-            who = f"the op '{spec.name}' of the plugin '{plugin}'"
-            try:
-                result = call(*args)
-            except SexpError:
-                raise
-            except Exception as exc:
-                message = f"{who}: its {member} raised {exception_text(exc)}"
-                raise PluginError(message, code=E_PLUGIN_CALL, pos=where) from None
+            result = plugin_call(who, member, call, *args, pos=where)
             if member == "infer" and not _typed(result):
                 message = f"{who}: its infer returned {result!r:.60}, not a TensorType"
                 raise PluginError(message, code=E_PLUGIN_CALL, pos=where)
@@ -139,6 +135,21 @@ def _guarded(spec: OpSpec, plugin: str) -> OpSpec:
     members = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}
     guards = {name: guard(name, value) for name, value in members.items() if callable(value)}
     return dataclasses.replace(spec, plugin=plugin, **guards)
+
+
+def plugin_call(
+    who: str, member: str, call: Callable[..., Any], *args: Any, pos: Pos | None
+) -> Any:
+    """``call(*args)``, the ``member`` (``infer``) of ``who`` (``the op 'x' of the plugin
+    'p'``) called as a program is compiled: what escapes it that is no :class:`SexpError`
+    (a user's mistake the plugin found) is the plugin's bug, one line (``E-PLUGIN-002``)."""
+    try:
+        return call(*args)
+    except SexpError:
+        raise
+    except Exception as exc:
+        message = f"{who}: its {member} raised {exception_text(exc)}"
+        raise PluginError(message, code=E_PLUGIN_CALL, pos=pos) from None
 
 
 def _typed(result: Any) -> bool:
