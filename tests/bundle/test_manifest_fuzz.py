@@ -89,7 +89,7 @@ def _manifest(data_path: str) -> dict[str, Any]:
 # Every field a manifest has, and a few inside them: where a draw puts its value.
 FIELDS: list[tuple[Any, ...]] = [
     ("format",), ("created",), ("main",), ("members",),
-    ("members", "sources/run.sx"), ("members", "sources/run.sx", "size"),
+    ("members", "sources/run.sx"), ("members", "sources/run.sx", "size"), ("members", "a\nb"),
     ("members", "sources/run.sx", "sha256"),
     ("sources",), ("sources", 0), ("sources", 0, "name"), ("sources", 0, "member"),
     ("sources", 0, "original"), ("sources", 0, "sha256"),
@@ -213,6 +213,7 @@ def _use(unpacked: Any, name: str) -> None:
     fresh=st.booleans(),
 )
 @example(edits=[(("selection", "sets"), [1])], fresh=False)
+@example(edits=[(("members", "a\nb"), {"size": -1, "sha256": "0" * 64})], fresh=False)
 @example(
     edits=[(("data_files", 0, "uri"), "/dev/zero"), (("data_files", 0, "size"), 0)], fresh=True
 )

@@ -215,7 +215,7 @@ def _check_names(names: list[str], where: str) -> None:
 
 def _said(error: Any) -> str:
     """One short line for a schema violation, never echoing the (untrusted) value."""
-    place = "/".join(str(p) for p in error.absolute_path) or "the manifest"
+    place = "/".join(shown(str(p)) for p in error.absolute_path) or "the manifest"
     wanted, kind = error.validator_value, str(error.validator)
     if kind == "required":
         return f"{place} has no {error.message.split(' is a required')[0]}"
