@@ -18,6 +18,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
+from sexpgpu.bundle import BundleError
+from sexpgpu.bundle.opening import unpack
 from tests.bundle.forging import forge, main_source, refused_line, run_in_a_clean_place
 from tests.e2e.helpers import run_sexpgpu, sexpgpu_in_process
 
@@ -193,3 +195,30 @@ def test_show_escapes_what_it_prints(made: Path, tmp_path: Path) -> None:
     lines = done.stdout.splitlines()
     assert [line for line in lines if line.startswith("main:")] == ["main: sources/run.sx"]
     assert any(line.startswith("  run.sx  from /a\\nmain: x  sha256 ") for line in lines), lines
+
+
+class _Store:
+    """A store holding one object of ``size`` bytes, answering ``short`` bytes fewer
+    than asked when ``short``; counts what it was asked to read."""
+
+    def __init__(self, size: int, short: int = 0) -> None:
+        self.size, self.short, self.read = size, short, 0
+
+    def identity(self, key: str) -> Any:
+        return type("Identity", (), {"size": self.size})()
+
+    def read_range(self, key: str, start: int, length: int) -> bytes:
+        self.read += length
+        return b"x" * (length - self.short)
+
+
+def test_a_bundle_in_a_store_is_fetched_within_bounds(tmp_path: Path) -> None:
+    huge = _Store(2**50)
+    with pytest.raises(BundleError) as raised:
+        unpack("s3://b/run.sxb", tmp_path / "into", lambda _: huge)
+    assert raised.value.code == "E-BUNDLE-003" and huge.read == 0
+    assert "s3://b/run.sxb is 1125899906842624 bytes" in str(raised.value)
+    lying = _Store(10, short=1)
+    with pytest.raises(BundleError) as raised:
+        unpack("s3://b/run.sxb", tmp_path / "again", lambda _: lying)
+    assert str(raised.value) == "E-BUNDLE-006: cannot read the bundle s3://b/run.sxb: it changed"

@@ -16,7 +16,16 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sexpgpu.bundle.archive import E_MANIFEST, E_UNSAFE, BundleError, extract, shown
+from sexpgpu.bundle.archive import (
+    DEFAULT_BOUND,
+    E_MANIFEST,
+    E_TOO_LARGE,
+    E_UNSAFE,
+    MAX_MANIFEST,
+    BundleError,
+    extract,
+    shown,
+)
 from sexpgpu.bundle.closed import ClosedWorld
 from sexpgpu.plugin_supplies import PROJECT_DISTRIBUTION as PROJECT
 
@@ -109,7 +118,8 @@ def unpack(
     local = name
     if "://" in name and not name.startswith("file://"):
         local = str(into.parent / f"{into.name}{SUFFIX}")
-        fetch(name, local, open_location)
+        # no zip of members within the bound is larger than them and their headers
+        fetch(name, local, open_location, limit=(bound or DEFAULT_BOUND) + MAX_MANIFEST + 2**30)
     elif name.startswith("file://"):
         local = name[len("file://") :]
     if not os.path.isfile(local):
@@ -125,19 +135,34 @@ def unpack(
     return Unpacked(manifest, into)
 
 
-def fetch(uri: str, target: str, open_location: Callable[[str], Any]) -> None:
-    """Copy the object ``uri`` to ``target`` in ranged reads, never whole in memory."""
+def fetch(
+    uri: str, target: str, open_location: Callable[[str], Any], *, limit: int | None = None
+) -> None:
+    """Copy the object ``uri`` to ``target`` in ranged reads, never whole in memory nor
+    past its size; an object over ``limit`` bytes is refused before any is read."""
     from sexpgpu.errors import SexpError
 
     parent, _, key = uri.rstrip("/").rpartition("/")
     try:
         storage = open_location(parent)
         size = storage.identity(key).size
+        if limit is not None and size > limit:
+            said = f"{uri} is {size} bytes, more than a bundle within the bound holds"
+            raise BundleError(f"the bundle is too large: {said}", code=E_TOO_LARGE)
         with open(target, "wb") as handle:
             for start in range(0, size, _CHUNK):
-                handle.write(storage.read_range(key, start, min(_CHUNK, size - start)))
+                wanted = min(_CHUNK, size - start)
+                chunk = storage.read_range(key, start, wanted)
+                if len(chunk) != wanted:  # a store that says otherwise than it did
+                    raise BundleError(f"cannot read the bundle {uri}: it changed", code=E_FETCH)
+                handle.write(chunk)
+    except BundleError:
+        raise
     except SexpError as exc:
         raise BundleError(f"cannot read the bundle {uri}: {exc.message}", code=E_FETCH) from None
+    except OSError as exc:  # the local disk: full, or the folder gone
+        said = f"cannot copy the bundle {uri} to {target}: {exc.strerror or exc}"
+        raise BundleError(said, code=E_FETCH) from None
 
 
 def installed_versions(plugins: Mapping[str, str]) -> dict[str, Any]:
