@@ -131,8 +131,12 @@ def _outside(tmp_path: Path, name: str, text: str = "") -> str:
 
 
 @pytest.mark.parametrize(
-    "reads", ["include", "load", "data-absolute", "data-climbing", "data-home", "data-file-uri"]
-)
+    "reads",
+    [
+        "include", "load", "with-loaded", "data-absolute", "data-climbing", "data-home",
+        "data-file-uri",
+    ],
+)  # fmt: skip
 def test_a_program_naming_a_file_the_bundle_does_not_hold_is_refused_naming_it(
     made: Path, tmp_path: Path, reads: str
 ) -> None:
@@ -144,6 +148,7 @@ def test_a_program_naming_a_file_the_bundle_does_not_hold_is_refused_naming_it(
     said = {
         "include": ("includes", bad),
         "load": ("loads", _outside(tmp_path, "w.safetensors", "not weights")),
+        "with-loaded": ("loads", _outside(tmp_path, "t.safetensors", "not weights")),
         "data-absolute": ("reads the data file", _outside(tmp_path, "short.txt", "ab")),
         "data-climbing": ("reads the data file", "../" * 40 + "etc/hostname"),
         "data-home": ("reads the data file", "~/.bashrc"),
@@ -156,6 +161,9 @@ def test_a_program_naming_a_file_the_bundle_does_not_hold_is_refused_naming_it(
         forged_text = text.replace('(param embed [vocab dim] :init (normal 0.02))', (
             f'(param embed [vocab dim] :init (normal 0.02) :load (file "{named}" "e"))'
         ))  # fmt: skip
+    elif reads == "with-loaded":
+        teacher = f':with-loaded (teacher (net 256 8) :file "{named}" :names "{{path}}")'
+        forged_text = text.replace("(defrun hostile\n", f"(defrun hostile\n  {teacher}\n")
     else:
         forged_text = text.replace(f'"{corpus}"', f'"{named}"')
     assert forged_text != text
