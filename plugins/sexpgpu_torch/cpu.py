@@ -23,6 +23,7 @@ from sexpgpu_torch.cpu_environment import (
     BLAS,
     CAPABILITY,
     CBWR,
+    MOST_THREADS,
     THREADS,
     TORCH_VERSION,
     is_cpu_choice,
@@ -68,10 +69,6 @@ def current(device: str) -> dict[str, str]:
         # Asked of MKL itself: an unset MKL_CBWR is CNR off, not AUTO.
         now[CBWR] = mkl.mode() or os.environ.get("MKL_CBWR", "unset")
     return now
-
-
-MOST_THREADS = 1 << 16
-"""A thread count past this is no machine's: a forged or damaged record, refused."""
 
 
 def take(

@@ -32,6 +32,9 @@ BLAS = "cpu.blas"
 CBWR = "cpu.blas.cbwr"
 TORCH_VERSION = "torch.version"
 
+MOST_THREADS = 1 << 16
+"""A thread count past this is no machine's: a forged or damaged record."""
+
 CPU_CHOICES = (THREADS, CAPABILITY, BLAS, CBWR, TORCH_VERSION)
 """The recorded names; every other name in ``choices`` is a kernel choice site."""
 
@@ -90,6 +93,8 @@ def environment_for(pins: Mapping[str, str]) -> dict[str, str]:
             continue
         if name == CAPABILITY and not processor_has(value):
             continue
+        if name == THREADS and not (value.isdigit() and 1 <= int(value) <= MOST_THREADS):
+            continue  # no count a machine runs: the lowering refuses it (E-CHOICE-001)
         if name == THREADS:
             # MKL takes its own count from MKL_NUM_THREADS when set; keep it with OpenMP's.
             env["MKL_NUM_THREADS"] = value

@@ -92,6 +92,9 @@ def test_environment_for_sets_only_what_the_processor_can_take(monkeypatch) -> N
     assert env == {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "ATEN_CPU_CAPABILITY": "default"}
     assert "ATEN_CPU_CAPABILITY" not in cpu.environment_for({"cpu.capability": "avx512"})
     assert cpu.environment_for({"attention:model.attn": "math"}) == {}
+    # a count no machine runs is not handed to OpenMP: the lowering refuses it
+    assert cpu.environment_for({"cpu.threads": "99999999999"}) == {}
+    assert cpu.environment_for({"cpu.threads": "x2"}) == {}
 
 
 def test_the_environment_is_pinned_before_torch_from_the_checkpoint(monkeypatch) -> None:
