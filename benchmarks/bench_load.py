@@ -69,6 +69,7 @@ from sexpgpu.catalog import Catalog
 from sexpgpu.checkpoint.loads import Loads
 from sexpgpu.errors import Pos
 from sexpgpu.lang.ir import Init, LoadSpec, ParamDecl, TensorType
+from sexpgpu_torch.placement import Model, Single
 from sexpgpu_torch.trainer import TorchTrainer
 
 decls = [
@@ -94,6 +95,9 @@ def ours():
     trainer = TorchTrainer.__new__(TorchTrainer)  # only the parameter store is needed
     trainer._decl_by_path = {d.path: d for d in decls}
     trainer.params, trainer.device = {}, torch.device("cpu")
+    trainer.placement = Single(  # one device's: the parameters as they are set
+        Model(None, trainer._decl_by_path, (), trainer.params, None, trainer.device)
+    )
     trainer.set_params(loads.read())
     assert len(trainer.params) == count
     return loads

@@ -6,7 +6,7 @@ finds its place in the launcher's environment (``RANK``, ``WORLD_SIZE``,
 ``MASTER_PORT``) and joins the process group from it. The group answers the
 run loop's questions (:class:`sexpgpu.extension.RankGroup`) with one small
 all-reduce each; a step's gradients are averaged by DDP
-(:mod:`sexpgpu_torch.replicated`).
+(:mod:`sexpgpu_torch.placement.replicated`).
 
 Every collective has a timeout (``SEXPGPU_DP_TIMEOUT`` seconds, 300 by
 default), so a rank whose peer stopped answering fails instead of waiting for

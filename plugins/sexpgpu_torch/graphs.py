@@ -36,7 +36,7 @@ Tensor = torch.Tensor
 class Ctx:
     """What a running graph reads besides its values: live parameters, the step,
     whether it trains (dropout), the seed and the device; ``units``, set while a
-    run's parameters are fully sharded (:mod:`sexpgpu_torch.fully_sharded`), runs
+    run's parameters are fully sharded (:mod:`sexpgpu_torch.placement.fully_sharded`), runs
     each iteration of a repeat through the module that gathers its parameters."""
 
     __slots__ = ("params", "inputs", "step", "training", "seed", "device", "units", "align")

@@ -30,7 +30,7 @@ from sexpgpu_torch.cuda import (
     take_switches,
 )
 from sexpgpu_torch.names import COMPILED, LOWERING
-from sexpgpu_torch.shards import take_shard
+from sexpgpu_torch.placement import take_shard
 from sexpgpu_torch.strategy import Eager
 from sexpgpu_torch.threads import choose as choose_threads
 from sexpgpu_torch.trainer import TorchTrainer

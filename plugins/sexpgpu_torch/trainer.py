@@ -4,7 +4,9 @@ One :class:`TorchTrainer` serves both of the plugin's lowerings
 (:mod:`sexpgpu_torch.lowering`). Its graphs are compiled into straight-line functions by
 :mod:`sexpgpu_torch.graphs`; the :class:`~sexpgpu_torch.strategy.Strategy` it is built
 with decides how they run: as they are (``torch``) or through ``torch.compile``
-(``compiled``).
+(``compiled``). Its :class:`~sexpgpu_torch.placement.Placement` decides where its
+tensors sit: on one device until ``use_group`` places it among ranks by the recorded
+choice ``shard`` (:mod:`sexpgpu_torch.placement`).
 
 Optimizer states belong to a *state group*: a run of consecutive stages whose
 optimizer has the same name and the same options other than ``lr``. Entering a
@@ -25,20 +27,28 @@ from typing import Any
 import numpy as np
 import torch
 
+from sexpgpu.choices import SHARD_CHOICE
 from sexpgpu.errors import CheckpointError, PluginError, RunError
-from sexpgpu.extension import KernelInfo, OpInfo, OptimizerInfo, OptimizerUpdate, Trainer
+from sexpgpu.extension import (
+    KernelInfo,
+    OpInfo,
+    OptimizerInfo,
+    OptimizerUpdate,
+    RankGroup,
+    Trainer,
+)
 from sexpgpu.kernels import recorded
 from sexpgpu.lang.ir import Graph, ParamDecl, Program
 from sexpgpu_torch.contracts import check_optimizer, check_states
 from sexpgpu_torch.decoding import compile_decoders
 from sexpgpu_torch.dtypes import TORCH_DTYPES
 from sexpgpu_torch.graphs import compile_graph
-from sexpgpu_torch.host_memory import give_back_freed
 from sexpgpu_torch.initializers import init_tensor
 from sexpgpu_torch.optim import clip_by_global_norm
+from sexpgpu_torch.placement import HostCopies, Model, Placement, Single, placement_for
+from sexpgpu_torch.rng import derive_seed
 from sexpgpu_torch.sampling import Sampler, choose
 from sexpgpu_torch.strategy import GraphFn, Strategy
-from sexpgpu_torch.trainer_ranks import RankedTraining
 
 Tensor = torch.Tensor
 
@@ -98,9 +108,11 @@ def _state_groups(program: Program) -> tuple[list[int], list[int]]:
     return group, group_start
 
 
-class TorchTrainer(RankedTraining, Trainer):
+class TorchTrainer(Trainer):
     """The :class:`sexpgpu.extension.Trainer` of both torch lowerings: ``strategy``
-    decides how its graphs and updates run (:mod:`sexpgpu_torch.strategy`).
+    decides how its graphs and updates run (:mod:`sexpgpu_torch.strategy`), its
+    ``placement`` where its tensors sit (one device until :meth:`use_group` places it
+    among ranks by ``shard``: :mod:`sexpgpu_torch.placement`).
 
     ``chosen`` is the kernel of each choice site, ``made`` the lowering's other
     choices to record after them (``cpu.*``, ``cuda.*``...); ``align`` > 0 pads every
@@ -134,7 +146,7 @@ class TorchTrainer(RankedTraining, Trainer):
         self._ops = ops
         self.decls = list(program.params)
         self.trainable = [d.path for d in self.decls if d.trainable]
-        self._export_buffers: dict[tuple, dict[str, np.ndarray]] = {}
+        self._host_copies = HostCopies(strategy.copy_to_host)  # export's arrays
         self._compile_graphs(frozenset(site for site, k in chosen.items() if k.inline))
         self.updates: list[tuple[OptimizerUpdate, dict[str, Any]]] = []
         self.state_names: list[tuple[str, ...]] = []
@@ -161,10 +173,15 @@ class TorchTrainer(RankedTraining, Trainer):
         self.fields = [
             {name: TORCH_DTYPES[t.dtype] for name, t in s.fields.items()} for s in program.stages
         ]
+        self.rank, self.rank_count = 0, 1  # of the ranks (use_group)
         self._shared_generators: frozenset[str] = frozenset()  # what the ranks split (use_group)
         self._decl_by_path: dict[str, ParamDecl] = {d.path: d for d in self.decls}
         self.params: dict[str, Tensor] = {}
         self.ctx.params = self.params  # the same dict for good: graphs read it by path
+        self.model = Model(
+            program, self._decl_by_path, self.trainable, self.params, self.ctx, self.device
+        )
+        self.placement: Placement = Single(self.model)
         self.states: dict[str, list[Tensor]] = {}
         self.current_group: int | None = None
 
@@ -173,6 +190,7 @@ class TorchTrainer(RankedTraining, Trainer):
         the generators; the repeats at the ``inline`` sites emitted iteration by
         iteration."""
         program, strategy, fns, ops = self.program, self.strategy, self._fns, self._ops
+        self._inline = inline
 
         def graph(g: Graph) -> GraphFn:
             return compile_graph(g, self.ctx, fns, self.device, inline, ops)
@@ -197,6 +215,50 @@ class TorchTrainer(RankedTraining, Trainer):
             if gen is not None
         }
 
+    # -- placement
+
+    @property
+    def exports_together(self) -> bool:
+        """Whether ``export`` is a collective of the ranks (the placement's)."""
+        return self.placement.exports_together
+
+    @property
+    def holds_replicas(self) -> bool:
+        """Whether each rank holds the whole model (the placement's)."""
+        return self.placement.holds_replicas
+
+    @property
+    def evaluates_together(self) -> bool:
+        """Whether the first ``evaluate`` or ``generate`` after a step is a collective
+        (the placement's)."""
+        return self.placement.evaluates_together
+
+    def use_group(self, group: RankGroup) -> None:
+        """Train as one rank of ``group`` (a :class:`sexpgpu_torch.distributed.TorchGroup`):
+        each step is handed this rank's part of the global batch, and the placement the
+        choice ``shard`` names (:mod:`sexpgpu_torch.placement`) shares the work out.
+        Dropout draws from a seed of its own per rank, so the ranks' masks are not the
+        same for their different records."""
+        self.rank, self.rank_count = group.rank, group.size
+        self.choices[SHARD_CHOICE] = self.shard  # one device has nothing to shard
+        # a stage's generator: each rank makes its part of the records (an eval pass's
+        # generates whole batches, each on the rank that evaluates them)
+        self._shared_generators = frozenset(
+            s.generator.name for s in self.program.stages if s.generator is not None
+        )
+        placement = placement_for(self.shard, self.model, group)
+        placement.check_optimizers(
+            [
+                (info, update)
+                for info, (update, _) in zip(self.optimizer_infos, self.updates, strict=True)
+            ]
+        )
+        inline = placement.inline_sites(self._inline)
+        if inline != self._inline:  # some repeats must run iteration by iteration
+            self._compile_graphs(inline)
+        self.placement = placement
+        self.ctx.seed = derive_seed(self.program.run.seed, "rank", group.rank)
+
     def warm_up(self) -> float | None:
         """Compile every stage's loss, backward and update, and every eval pass, now, as
         the strategy compiles them (the compiled one: on zero stand-ins of the program's
@@ -206,17 +268,17 @@ class TorchTrainer(RankedTraining, Trainer):
 
     def _run_every_graph_on_stand_ins(self) -> None:
         """One step of each stage and one batch of each eval pass on zeros (valid ids
-        for every table, the shapes the run will feed); no parameter or state is left
-        (under ``:shard full`` the slices are made here, of zeros, and the run's own
-        values then copied in)."""
+        for every table, the shapes the run will feed), on the placement's
+        ``warm_up_placement`` (replicas compile alone; FSDP2's slices are made here, of
+        zeros, and the run's own values then copied in); no parameter or state is left."""
         for decl in self.decls:
             t = torch.zeros(
                 decl.type.shape, dtype=TORCH_DTYPES[decl.type.dtype], device=self.device
             )
             self.params[decl.path] = t.requires_grad_(decl.trainable)
-        self._alone = True
+        placed, self.placement = self.placement, self.placement.warm_up_placement()
         try:
-            parts = self.ranks.size if self.ranks is not None else 1
+            parts = self.rank_count
             for stage, decl in enumerate(self.program.stages):  # a rank's part of a batch
                 batch = {name: a[: len(a) // parts] for name, a in _zeros(decl.fields).items()}
                 first = self.group_start[stage] + 1
@@ -224,12 +286,12 @@ class TorchTrainer(RankedTraining, Trainer):
             for eval_pass in self.program.evals:
                 self.evaluate(eval_pass.name, _zeros(eval_pass.fields))
             for name, sampler in self.samplers.items():  # a rank's part while training
-                self._hold_whole()
+                self.placement.hold_whole()
                 with self._quietly():  # as generate runs it: its tensors are inference ones
-                    sampler.warm_up(self.ranks.size if name in self._shared_generators else 1)
+                    sampler.warm_up(self.rank_count if name in self._shared_generators else 1)
         finally:
-            self._let_go()
-            self._alone = False
+            self.placement.let_go()
+            self.placement = placed
             self.params.clear()
             self.states = {}
             self.current_group = None
@@ -239,16 +301,7 @@ class TorchTrainer(RankedTraining, Trainer):
     def _set_param(self, path: str, value: Tensor) -> None:
         decl = self._decl_by_path[path]
         t = value.to(dtype=TORCH_DTYPES[decl.type.dtype]).to(self.device)
-        if self.sharded is not None and self.sharded.holds(path):
-            self._let_go()
-            self.sharded.set_whole(path, t)
-            return
-        if self.replica is not None and self.replica.holds(path):
-            self.params[path] = self.replica.take(path, t)
-            return
-        if decl.trainable:
-            t.requires_grad_(True)
-        self.params[path] = t
+        self.placement.set_param(path, t, trainable=decl.trainable)
 
     def init_params(self) -> None:
         """Draw every parameter on the CPU from ``(seed, "init", path)``, then move it."""
@@ -303,28 +356,24 @@ class TorchTrainer(RankedTraining, Trainer):
         The optimizer's update count (Adam's bias correction) is
         ``step - group_start`` of the stage's state group (see the module docstring).
         """
-        ctx = self.ctx
-        self._let_go()  # whole parameters an eval pass or a generator held
+        ctx, placement = self.ctx, self.placement
+        placement.let_go()  # whole parameters an eval pass or a generator held
         self._inputs(batch, self.fields[stage])
         ctx.step, ctx.training = step, True
-        if self.sharded is not None:  # its warm-up too: the slices compile as they run
-            loss, grads = self._sharded_loss_and_grads(stage)
-        elif self.replica is not None and not self._alone:
-            loss, grads = self._replicated_loss_and_grads(stage)
-        else:
-            loss, grads = self._loss_and_grads(stage)
+        self.states = placement.attach(self.states)
+        loss, grads = self._loss_and_grads(stage)
         ctx.inputs = {}
         group = self.group[stage]
         update, options = self.updates[stage]
         with torch.no_grad():
-            trainable = self._trainable_tensors()
+            trainable = placement.trainable_tensors()
             clip = self.program.stages[stage].optimizer.clip
             if clip is not None and grads:
-                clip_by_global_norm(grads, float(clip), self._norm_sq())
+                clip_by_global_norm(grads, float(clip), placement.clip_norm_sq())
             mine, grads, decay = (
-                self._mine(trainable),
-                self._mine(grads),
-                self._mine(self.decay[stage]),
+                placement.mine(trainable),
+                placement.mine(grads),
+                placement.mine(self.decay[stage]),
             )
             fresh = group != self.current_group
             if fresh:
@@ -343,8 +392,7 @@ class TorchTrainer(RankedTraining, Trainer):
             )
             if fresh:  # the first proposal of these states: once, not every step
                 self._held_to_contract(stage, new_states, mine, "propose")
-            if self.owned is not None and not self._alone:  # every rank's new values
-                new_params = self.owned.share(new_params, trainable)
+            new_params = placement.share(new_params, trainable)  # every rank's new values
         return Proposal(stage, group, loss, new_params, new_states)
 
     def _stage_loss(self, stage: int) -> Tensor:
@@ -356,17 +404,9 @@ class TorchTrainer(RankedTraining, Trainer):
         return loss
 
     def _loss_and_grads(self, stage: int) -> tuple[Tensor, list[Tensor]]:
-        """The stage's loss on this batch and its gradient for each trainable
-        parameter (zeros for one the loss does not reach)."""
-        trainable = [self.params[p] for p in self.trainable]
-        loss = self._stage_loss(stage)
-        if trainable and loss.requires_grad:
-            grads = list(torch.autograd.grad(loss, trainable, allow_unused=True))
-        else:  # a loss that reaches no trainable parameter
-            grads = [None] * len(trainable)
-        return loss.detach(), [
-            torch.zeros_like(t) if g is None else g for t, g in zip(trainable, grads, strict=True)
-        ]
+        """The stage's loss on this batch and its gradient for each of the placement's
+        trainable tensors (zeros for one the loss does not reach)."""
+        return self.placement.loss_and_grads(partial(self._stage_loss, stage))
 
     def _held_to_contract(
         self, stage: int, states: Any, params: Sequence[Tensor], made_by: str
@@ -408,7 +448,7 @@ class TorchTrainer(RankedTraining, Trainer):
         names = list(proposal.states)
         for i, path in enumerate(self.trainable):
             candidates = [("parameter", path, proposal.params[i])]
-            k = self._state_position(i)
+            k = self.placement.state_position(i)
             if k is not None:
                 candidates += [("state", f"{path}/{n}", proposal.states[n][k]) for n in names]
             for kind, name, t in candidates:
@@ -419,17 +459,7 @@ class TorchTrainer(RankedTraining, Trainer):
 
     def commit(self, proposal: Proposal) -> None:
         """Make the proposal's parameters and states the current ones."""
-        if self.sharded is not None and self.sharded.attached:
-            self.sharded.commit(dict(zip(self.trainable, proposal.params, strict=True)))
-            # copied into the slices: the proposal (which the run keeps a while) lets go
-            proposal.params = self._trainable_tensors()
-        elif self.replica is not None and self.replica.attached:
-            self.replica.commit(
-                self.params, dict(zip(self.trainable, proposal.params, strict=True))
-            )
-        else:
-            for path, t in zip(self.trainable, proposal.params, strict=True):
-                self.params[path] = t.requires_grad_(True)
+        proposal.params = self.placement.commit(proposal.params)
         self.states = proposal.states
         self.current_group = proposal.group
 
@@ -443,86 +473,10 @@ class TorchTrainer(RankedTraining, Trainer):
         checkpoint writes (``layout_tensors``), so writing them copies nothing more.
         With ``reuse`` the previous export's arrays are overwritten and handed
         back when their layout fits (fresh pages would cost page faults on every
-        checkpoint); the caller must be done with them.
+        checkpoint); the caller must be done with them. The placement gathers what
+        other ranks hold (a collective where ``exports_together``).
         """
-        from sexpgpu.checkpoint import layout_tensors
-
-        if self.sharded is not None and self.sharded.attached:
-            return self._export_slices()
-        # A frozen parameter read with :load is named by experiment.json, not copied.
-        sources = {d.path: self.params[d.path] for d in self.decls if d.trainable or d.load is None}
-        gathered: dict[tuple[int, str], Tensor] = {}
-        if self.owned is not None:  # every state, from the rank that keeps it
-            like = [self.params[path] for path in self.trainable]
-            gathered = self.owned.gather_states(self.states, like)
-        state_sources = {
-            f"{path}/{name}": values[i] if self.owned is None else gathered[i, name]
-            for i, path in enumerate(self.trainable)
-            for name, values in self.states.items()
-        }
-
-        def copy_out(tensors: Mapping[str, Tensor]) -> dict[str, np.ndarray]:
-            specs = {
-                name: (
-                    tuple(t.shape),
-                    "float32" if t.is_floating_point() else str(t.dtype).removeprefix("torch."),
-                )
-                for name, t in tensors.items()
-            }
-            key = tuple(specs.items())
-            arrays = self._export_buffers.get(key) if reuse else None
-            if arrays is None:
-                arrays = layout_tensors(specs)
-                self._export_buffers[key] = arrays
-            self.strategy.copy_to_host(arrays, tensors)
-            return arrays
-
-        return copy_out(sources), copy_out(state_sources)
-
-    def _export_slices(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-        """``export`` under ``:shard full``: each tensor gathered whole from every
-        rank's slices on the writer, and copied out in turn, into fresh arrays (kept
-        ones would hold a whole model's copy between checkpoints); another rank sends
-        its slices and hands back nothing (``holds_replicas`` is false)."""
-        from sexpgpu.checkpoint import layout_tensors
-
-        sharded = self.sharded
-        assert sharded is not None and self.ranks is not None
-        self._let_go()  # a pass's whole parameters: not on top of the host copies
-        give_back_freed()  # nor what the steps' gathers freed (glibc keeps it)
-        writer = self.ranks.is_writer
-        shapes = {d.path: tuple(d.type.shape) for d in self.decls}
-        kinds = {
-            d.path: "float32"
-            if d.type.dtype in ("f32", "bf16")
-            else str(TORCH_DTYPES[d.type.dtype]).removeprefix("torch.")
-            for d in self.decls
-        }
-        kept = [d.path for d in self.decls if d.trainable or d.load is None]
-        names = {
-            f"{path}/{name}": (i, path, name)
-            for i, path in enumerate(self.trainable)
-            for name in self.states
-        }
-        params = layout_tensors({p: (shapes[p], kinds[p]) for p in kept}) if writer else {}
-        states = (
-            layout_tensors({key: (shapes[path], "float32") for key, (_, path, _) in names.items()})
-            if writer
-            else {}
-        )
-
-        for path in kept:  # a gather every rank enters, in the same order
-            held = sharded.holds(path)
-            whole = (
-                sharded.whole_at_writer(sharded.local(path), path) if held else self.params[path]
-            )
-            if writer:
-                self.strategy.copy_to_host({path: params[path]}, {path: whole})
-        for key, (i, path, name) in names.items():
-            whole = sharded.whole_at_writer(self.states[name][i], path)
-            if writer:
-                self.strategy.copy_to_host({key: states[key]}, {key: whole})
-        return params, states
+        return self.placement.export(self.states, self._host_copies, reuse=reuse)
 
     def restore(
         self, params: Mapping[str, np.ndarray], states: Mapping[str, np.ndarray], *, stage: int
@@ -550,12 +504,12 @@ class TorchTrainer(RankedTraining, Trainer):
                 self._check_shape(key, array)
             for n in names:
                 new_states[n] = [
-                    self._slice(
+                    self.placement.slice_state(
                         torch.from_numpy(
                             np.array(states[f"{p}/{n}"], dtype=np.float32, copy=True)
                         ).to(self.device)
                     )
-                    for p in self._mine(self.trainable)
+                    for p in self.placement.mine(self.trainable)
                 ]
         for path, array in params.items():
             self._set_param(path, torch.from_numpy(np.array(array, copy=True)))
@@ -573,7 +527,7 @@ class TorchTrainer(RankedTraining, Trainer):
             raise RunError(f"the program has no eval pass '{pass_name}'")
         decl, run = entry
         self._inputs(batch, {n: TORCH_DTYPES[t.dtype] for n, t in decl.fields.items()})
-        self._hold_whole()
+        self.placement.hold_whole()
         outputs = self._run_quietly(run, self.ctx.inputs)
         with torch.no_grad():
             values = torch.stack([o.detach().float().reshape(()) for o in outputs]).tolist()
@@ -633,9 +587,9 @@ class TorchTrainer(RankedTraining, Trainer):
         sampler = self.samplers.get(generator.name)
         if sampler is None:
             raise RunError(f"the program has no generator '{generator.name}'")
-        if self.ranks is not None and generator.name in self._shared_generators:
-            draw = (*draw, "rank", self.ranks.rank)
-        self._hold_whole()
+        if generator.name in self._shared_generators:  # a rank's part of the prompts
+            draw = (*draw, "rank", self.rank)
+        self.placement.hold_whole()
         with self._quietly():
             return sampler.records(batch, seed=seed, draw=draw, stopping=stopping)
 

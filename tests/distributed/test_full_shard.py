@@ -67,7 +67,7 @@ def full_reference(tmp_path_factory):
 
 
 def test_units_are_the_repeats_iterations_and_the_rest_is_the_root():
-    from sexpgpu_torch.fully_sharded import plan_units
+    from sexpgpu_torch.placement.fully_sharded import plan_units
 
     program = compile_file(str(HERE / FULL))
     trainable = [d.path for d in program.params if d.trainable]
@@ -79,7 +79,7 @@ def test_units_are_the_repeats_iterations_and_the_rest_is_the_root():
 
 
 def test_a_rank_slice_is_torch_chunk_rows_and_empty_past_the_last():
-    from sexpgpu_torch.fully_sharded import rows_of
+    from sexpgpu_torch.placement.fully_sharded import rows_of
 
     table = torch.arange(17 * 3, dtype=torch.float32).reshape(17, 3)
     assert torch.equal(torch.cat([rows_of(table, r, 2) for r in range(2)]), table)

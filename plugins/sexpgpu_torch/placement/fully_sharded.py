@@ -29,24 +29,36 @@ each element from the same element of its inputs alone (sgd, adam and adamw do;
 a third-party update says so with ``elementwise = True``): the same values, then,
 as updating the whole tensors. Clipping takes the global norm over every rank's
 slices.
+
+:class:`FullySharded` is the placement, :class:`FullyShardedTrainable` its FSDP2
+modules.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from sexpgpu.errors import PluginError
+from sexpgpu.extension import OptimizerInfo, OptimizerUpdate
 from sexpgpu.lang.ir import Graph, Program
+from sexpgpu_torch.dtypes import TORCH_DTYPES
 from sexpgpu_torch.graphs import Slots
+from sexpgpu_torch.host_memory import give_back_freed
+from sexpgpu_torch.placement.base import Exported, HostCopies, Model, NormSq, States, keyed_states
+from sexpgpu_torch.placement.single import Single
+
+if TYPE_CHECKING:
+    from sexpgpu_torch.distributed import TorchGroup
 
 Tensor = torch.Tensor
 
-__all__ = ["FullyShardedTrainable", "plan_units", "rows_of"]
+__all__ = ["FullySharded", "FullyShardedTrainable", "plan_units", "rows_of"]
 
 
 def plan_units(program: Program, trainable: Sequence[str]) -> tuple[list[list[str]], list[str]]:
@@ -303,3 +315,132 @@ class FullyShardedTrainable:
             for path in self._params:
                 self.ctx.params.pop(path, None)
             self.ctx.units = self
+
+
+class FullySharded(Single):
+    """The placement of ``:shard full`` (see the module docstring): FSDP2 shards the
+    trainable parameters at the first step (the warm-up's, when the strategy warms
+    up), and each rank keeps its slices of them and of their states from then on;
+    what is never sharded (frozen parameters), and everything before, is held whole,
+    as one device holds it."""
+
+    exports_together = True  # each tensor gathered from every rank's slices
+    holds_replicas = False  # each rank holds slices: nothing to compare
+    evaluates_together = True  # the first pass after a step gathers the parameters
+
+    def __init__(self, model: Model, group: TorchGroup) -> None:
+        super().__init__(model)
+        self.group = group
+        self.slices = FullyShardedTrainable(group, model.device, model.ctx)
+        self.units = plan_units(model.program, model.trainable)
+
+    def check_optimizers(self, optimizers: Sequence[tuple[OptimizerInfo, OptimizerUpdate]]) -> None:
+        """Each rank updates its slices alone: right only for an update that computes
+        each element from the same element (it says ``elementwise = True``)."""
+        for info, update in optimizers:
+            if not getattr(getattr(update, "update", update), "elementwise", False):
+                raise PluginError(
+                    f"the optimizer '{info.name}' cannot update slices of parameters "
+                    "(shard full): its update does not say elementwise = True; "
+                    "shard none or optimizer"
+                )
+
+    def inline_sites(self, sites: frozenset[str]) -> frozenset[str]:
+        """None: each iteration of a repeat must run through its unit."""
+        return frozenset()
+
+    def set_param(self, path: str, value: Tensor, *, trainable: bool) -> None:
+        """A sharded parameter keeps this rank's rows of ``value``; any other is held
+        whole."""
+        if self.slices.holds(path):
+            self.let_go()
+            self.slices.set_whole(path, value)
+        else:
+            super().set_param(path, value, trainable=trainable)
+
+    def attach(self, states: States) -> States:
+        """At the first step, FSDP2 shards the parameters (set already, the same on
+        every rank) into the units and the root; whole states are cut to this rank's
+        rows (a resume's, read before it)."""
+        if self.slices.attached:
+            return states
+        self.slices.attach(self.model.tensors, *self.units)
+        rank, size = self.group.rank, self.group.size
+        return {name: [rows_of(t, rank, size) for t in values] for name, values in states.items()}
+
+    def loss_and_grads(self, stage_loss: Callable[[], Tensor]) -> tuple[Tensor, list[Tensor]]:
+        """The ranks' mean loss and this rank's slices of the averaged gradients."""
+        return self.slices.loss_and_grads(stage_loss, self.model.trainable)
+
+    def trainable_tensors(self) -> list[Tensor]:
+        """This rank's slice of each trainable parameter, once sharded."""
+        if not self.slices.attached:
+            return super().trainable_tensors()
+        return [self.slices.local(path) for path in self.model.trainable]
+
+    def clip_norm_sq(self) -> NormSq | None:
+        """The norm of the whole gradients, from every rank's slices."""
+        return self.slices.global_norm_sq if self.slices.attached else None
+
+    def commit(self, new_params: list[Tensor]) -> list[Tensor]:
+        """The new slices copied into FSDP2's parameters; the proposal (which the run
+        keeps a while) keeps those, letting go of its own."""
+        if not self.slices.attached:
+            return super().commit(new_params)
+        self.slices.commit(dict(zip(self.model.trainable, new_params, strict=True)))
+        return self.trainable_tensors()
+
+    def slice_state(self, whole: Tensor) -> Tensor:
+        """This rank's rows, once sharded (before, :meth:`attach` cuts them)."""
+        if not self.slices.attached:
+            return whole
+        return rows_of(whole, self.group.rank, self.group.size)
+
+    def hold_whole(self) -> None:
+        """Every parameter gathered whole at the first call after a step (a collective
+        every rank enters: its first eval batch or generation)."""
+        if self.slices.attached and not self.slices.holding:
+            self.slices.hold_whole()
+
+    def let_go(self) -> None:
+        """Back to the slices alone (a step runs through FSDP2's units)."""
+        self.slices.let_go()
+
+    def export(self, states: States, copies: HostCopies, *, reuse: bool) -> Exported:
+        """Each tensor gathered whole from every rank's slices on the writer, and
+        copied out in turn, into fresh arrays (kept ones would hold a whole model's copy
+        between checkpoints); another rank sends its slices and hands back nothing."""
+        if not self.slices.attached:
+            return super().export(states, copies, reuse=reuse)
+        self.let_go()  # a pass's whole parameters: not on top of the host copies
+        give_back_freed()  # nor what the steps' gathers freed (glibc keeps it)
+        model, slices, writer = self.model, self.slices, self.group.is_writer
+        shapes = {path: tuple(d.type.shape) for path, d in model.decls.items()}
+        kinds = {path: _host_dtype(d.type.dtype) for path, d in model.decls.items()}
+        kept = model.kept()
+        names = keyed_states(model.trainable, list(states), lambda i, n: (i, model.trainable[i], n))
+        params, whole_states = {}, {}
+        if writer:  # the others send their slices and keep nothing
+            params = copies.layout({path: (shapes[path], kinds[path]) for path in kept})
+            whole_states = copies.layout(
+                {key: (shapes[path], "float32") for key, (_, path, _) in names.items()}
+            )
+        for path in kept:  # a gather every rank enters, in the same order
+            held = slices.holds(path)
+            whole = (
+                slices.whole_at_writer(slices.local(path), path) if held else model.tensors[path]
+            )
+            if writer:
+                copies.copy_to_host({path: params[path]}, {path: whole})
+        for key, (i, path, name) in names.items():
+            whole = slices.whole_at_writer(states[name][i], path)
+            if writer:
+                copies.copy_to_host({key: whole_states[key]}, {key: whole})
+        return params, whole_states
+
+
+def _host_dtype(dtype: str) -> str:
+    """The dtype a checkpoint's file holds a parameter of IR ``dtype`` in (bf16 as f32)."""
+    if dtype in ("f32", "bf16"):
+        return "float32"
+    return str(TORCH_DTYPES[dtype]).removeprefix("torch.")

@@ -2,7 +2,8 @@
 
 Every rank holds every parameter and optimizer state; a step's gradients are
 averaged by DDP's bucketed all-reduce, each bucket sent while the backward pass
-still computes the ones before it.
+still computes the ones before it. :class:`Replicated` is the placement,
+:class:`DdpReplica` its DDP module.
 
 DDP wants a module whose parameters are the leaves the loss is differentiated
 by, while the trainer's graphs read plain tensors from ``ctx.params``. So the
@@ -23,15 +24,21 @@ way in every process, so a resumed run sums them in the same order.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from sexpgpu_torch.placement.base import Model, Placement, States
+from sexpgpu_torch.placement.single import Single
+
+if TYPE_CHECKING:
+    from sexpgpu_torch.distributed import TorchGroup
+
 Tensor = torch.Tensor
 
-__all__ = ["Replicated"]
+__all__ = ["DdpReplica", "Replicated"]
 
 
 class _Holder(nn.Module):
@@ -49,7 +56,7 @@ class _Holder(nn.Module):
         return run()
 
 
-class Replicated:
+class DdpReplica:
     """One rank's replica under DDP (see the module docstring).
 
     ``group`` is the plugin's :class:`~sexpgpu_torch.distributed.TorchGroup`: its
@@ -128,3 +135,47 @@ class Replicated:
         views in ``params``."""
         for path, value in values.items():
             params[path] = self.take(path, value)
+
+
+class Replicated(Single):
+    """The placement of ``:shard none``: every tensor whole on every rank, the
+    gradients averaged by DDP (:class:`DdpReplica`), which wraps the trainable
+    parameters at the first step."""
+
+    def __init__(self, model: Model, group: TorchGroup) -> None:
+        super().__init__(model)
+        self.replica = DdpReplica(group, model.device)
+
+    def warm_up_placement(self) -> Placement:
+        """This rank alone: the warm-up's stand-ins are no step of the run, and DDP's
+        exchange would wait on ranks running other graphs."""
+        return Single(self.model)
+
+    def set_param(self, path: str, value: Tensor, *, trainable: bool) -> None:
+        """A trainable parameter DDP wraps takes ``value`` in place (the same
+        ``nn.Parameter``, its hooks kept); any other, as one device does."""
+        if self.replica.holds(path):
+            self.model.tensors[path] = self.replica.take(path, value)
+        else:
+            super().set_param(path, value, trainable=trainable)
+
+    def attach(self, states: States) -> States:
+        """At the first step, DDP wraps the trainable parameters (set already, the
+        same on every rank)."""
+        if not self.replica.attached:
+            self.replica.attach(self.model.tensors, self.model.trainable)
+        return states
+
+    def loss_and_grads(self, stage_loss: Callable[[], Tensor]) -> tuple[Tensor, list[Tensor]]:
+        """The ranks' mean loss and the gradients DDP averaged (before clipping: the
+        norm is the global batch's)."""
+        return self.replica.loss_and_grads(stage_loss)
+
+    def commit(self, new_params: list[Tensor]) -> list[Tensor]:
+        """The new tensors become the storage of DDP's parameters."""
+        if not self.replica.attached:  # no step has wrapped them
+            return super().commit(new_params)
+        self.replica.commit(
+            self.model.tensors, dict(zip(self.model.trainable, new_params, strict=True))
+        )
+        return new_params

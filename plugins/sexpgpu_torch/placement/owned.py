@@ -1,44 +1,45 @@
-"""What the devices of a run shard (the recorded choice ``shard``), and the sharded
-optimizer states of ``:shard optimizer``.
+"""Owned optimizer states (``:shard optimizer``, ZeRO stage 1).
 
-- ``none``: every rank holds every parameter and optimizer state (DDP,
-  :mod:`sexpgpu_torch.replicated`);
-- ``optimizer``: gradients are averaged by DDP as with ``none``, but each parameter
-  is *owned* by one rank, which alone keeps its optimizer states and computes its
-  update; the owners then broadcast the new values, so every rank commits the
-  same parameters (ZeRO stage 1). Ownership is whole parameters, handed out
-  largest first to the rank holding the fewest elements so far (torch's
-  ``ZeroRedundancyOptimizer`` does the same), so any optimizer works, and the
-  split depends on the program and the rank count alone;
-- ``full``: parameters, gradients and states sharded by FSDP2.
+The gradients are averaged by DDP as under ``none`` (:mod:`.replicated`), but each
+trainable parameter is *owned* by one rank, which alone keeps its optimizer states
+and computes its update; the owners then broadcast the new values, so every rank
+commits the same parameters. Ownership is whole parameters, handed out largest first
+to the rank holding the fewest elements so far (torch's ``ZeroRedundancyOptimizer``
+does the same), so any optimizer works, and the split depends on the program and the
+rank count alone.
 
-A checkpoint holds every state whatever the choice: exporting gathers each state
+A checkpoint holds every state whatever the placement: exporting gathers each state
 from its owner (a collective, so every rank exports at the writer's checkpoints).
+:class:`Owned` is the placement, :class:`OwnedStates` the ownership and its exchanges.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 import torch.distributed as dist
 
-from sexpgpu.choices import SHARD_CHOICE, Choices, cannot_take
-from sexpgpu.lang.ir import SHARDINGS, Program
+from sexpgpu_torch.placement.base import (
+    Exported,
+    HostCopies,
+    Model,
+    Placement,
+    States,
+    keyed_states,
+)
+from sexpgpu_torch.placement.replicated import Replicated
+from sexpgpu_torch.placement.single import Single
+
+if TYPE_CHECKING:
+    from sexpgpu_torch.distributed import TorchGroup
 
 Tensor = torch.Tensor
+_T = TypeVar("_T")
 
-__all__ = ["OwnedStates", "take_shard"]
-
-
-def take_shard(program: Program, choices: Choices) -> str:
-    """The run's sharding (see the module docstring): asked for or pinned, else the
-    program's ``:shard``, else ``none``."""
-    shard = choices.pin(SHARD_CHOICE) or program.run.shard or "none"
-    if shard not in SHARDINGS:
-        raise cannot_take(SHARD_CHOICE, shard, "the torch lowering shards none, optimizer or full")
-    return shard
+__all__ = ["Owned", "OwnedAlone", "OwnedStates", "owners"]
 
 
 def owners(sizes: Sequence[int], ranks: int) -> list[int]:
@@ -69,6 +70,10 @@ class OwnedStates:
         """The indices (of the trainable parameters) this rank updates, in order."""
         self.position = {index: k for k, index in enumerate(self.mine)}
         """Where each of :attr:`mine` is in this rank's lists (its states, its updates)."""
+
+    def pick(self, values: Sequence[_T]) -> list[_T]:
+        """The entries of ``values`` (one per trainable parameter) of :attr:`mine`."""
+        return [values[i] for i in self.mine]
 
     def share(self, mine: Sequence[Tensor], like: Sequence[Tensor]) -> list[Tensor]:
         """Every trainable parameter's new value: ``mine`` (this rank's, in the order of
@@ -131,3 +136,55 @@ class OwnedStates:
             for (i, name), piece in zip(keys, pieces, strict=True):
                 whole[i, name] = piece.view(like[i].shape)
         return whole
+
+
+class _OwningSome:
+    """What a rank that owns some parameters updates (of :class:`OwnedStates`)."""
+
+    owned: OwnedStates
+
+    def mine(self, values: Sequence[_T]) -> list[_T]:
+        """The entries of the parameters this rank owns."""
+        return self.owned.pick(values)
+
+    def state_position(self, index: int) -> int | None:
+        """Its place among the owned ones; ``None`` for another rank's."""
+        return self.owned.position.get(index)
+
+
+class Owned(_OwningSome, Replicated):
+    """The placement of ``:shard optimizer`` (see the module docstring): DDP's
+    replicas, each rank updating the parameters it owns."""
+
+    exports_together = True  # every state gathered from its owner
+
+    def __init__(self, model: Model, group: TorchGroup) -> None:
+        super().__init__(model, group)
+        sizes = [math.prod(model.decls[path].type.shape) for path in model.trainable]
+        self.owned = OwnedStates(group, sizes)
+
+    def warm_up_placement(self) -> Placement:
+        """This rank alone, still updating only what it owns (the updates compile for
+        the tensors the run's steps give them), sharing nothing."""
+        return OwnedAlone(self.model, self.owned)
+
+    def share(self, new_params: list[Tensor], like: Sequence[Tensor]) -> list[Tensor]:
+        """Every rank's new values from their owners (:meth:`OwnedStates.share`)."""
+        return self.owned.share(new_params, like)
+
+    def export(self, states: States, copies: HostCopies, *, reuse: bool) -> Exported:
+        """The parameters, and every state gathered from the rank that keeps it."""
+        like = self.trainable_tensors()
+        gathered = self.owned.gather_states(states, like)
+        params = {path: self.model.tensors[path] for path in self.model.kept()}
+        whole = keyed_states(self.model.trainable, list(states), lambda i, n: gathered[i, n])
+        return copies.copy(params, reuse=reuse), copies.copy(whole, reuse=reuse)
+
+
+class OwnedAlone(_OwningSome, Single):
+    """An owner's warm-up (:meth:`Owned.warm_up_placement`): whole tensors on this
+    rank, as one device holds them, but only its own parameters updated."""
+
+    def __init__(self, model: Model, owned: OwnedStates) -> None:
+        super().__init__(model)
+        self.owned = owned
