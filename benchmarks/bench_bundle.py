@@ -202,7 +202,7 @@ def _make_project(folder: Path, megabytes: int) -> tuple[Path, Path]:
 def bench_write(work: Path, megabytes: int, repeats: int) -> Path:
     """Part 2: ``sexpgpu bundle`` and ``write_bundle`` against copying the files; returns
     the bundle the command wrote."""
-    from sexpgpu.bundle.archive import identify, write_bundle
+    from sexpgpu_bundle.archive import identify, write_bundle
 
     project = work / "project"
     sx, weights = _make_project(project, megabytes)
@@ -270,8 +270,8 @@ def _read_side(
 
 def bench_read(bundle: Path, work: Path, repeats: int, s3: bool) -> None:
     """Part 3: ``opening.unpack`` of ``bundle``, local and from S3, against a plain copy."""
-    from sexpgpu.bundle.opening import unpack
     from sexpgpu.catalog import Catalog
+    from sexpgpu_bundle.opening import unpack
 
     work.mkdir(parents=True)
     open_location = Catalog.load().open_location

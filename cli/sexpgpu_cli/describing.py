@@ -102,6 +102,11 @@ DESCRIBED: dict[str, Described] = {
     "sexpgpu_data_sources": Described("data source", _name, _with_options),
     "sexpgpu_evaluators": Described("evaluator", _name, _named),
     "sexpgpu_eval_metrics": Described("eval metric", _name, _named),
+    "sexpgpu_source_openers": Described(
+        "source opener",
+        lambda i: f"*{i.suffix} ({i.name})",
+        lambda i: {"name": i.name, "suffix": i.suffix, "doc": _doc(i)},
+    ),
 }
 """Every hook that supplies descriptors (the keys of :data:`sexpgpu.plugin_supplies.
 SUPPLIES`), as ``sexpgpu plugins`` describes them."""

@@ -5,35 +5,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from sexpgpu.errors import UsageError
+from sexpgpu.opening import parse_requests, parse_sets
+
+__all__ = ["RUN_FOLDER_SINK", "hoist_root_options", "metrics_sinks", "parse_requests", "parse_sets"]
 
 RUN_FOLDER_SINK = "jsonl"
 """The sink writing ``<metrics-dir>/<slug>/events.jsonl``, which ``sexpgpu runs``,
 ``report`` and ``evaluate --follow`` read: kept whatever else ``--metrics-sink`` names."""
-
-
-def parse_sets(values: tuple[str, ...] | list[str]) -> dict[str, str]:
-    """``("lr=0.25", "steps=6")`` -> ``{"lr": "0.25", "steps": "6"}``; the compiler types them."""
-    sets: dict[str, str] = {}
-    for item in values:
-        name, sep, value = item.partition("=")
-        if not sep or not name.strip():
-            raise UsageError(f"--set takes name=value, got '{item}'")
-        sets[name.strip()] = value
-    return sets
-
-
-def parse_requests(values: Iterable[str]) -> dict[str, str]:
-    """``("attention=sdpa", "stack:model.blocks=looped")`` -> ``{target: kernel}``, as
-    ``--choose`` takes them; a target given twice takes its last kernel (as ``--set``).
-    Raises :class:`UsageError` for an item that is not ``SITE=KERNEL``."""
-    requests: dict[str, str] = {}
-    for item in values:
-        target, sep, kernel = item.partition("=")
-        if not sep or not target.strip() or not kernel.strip():
-            raise UsageError(f"--choose takes SITE=KERNEL or KIND=KERNEL, got '{item}'")
-        requests[target.strip()] = kernel.strip()
-    return requests
 
 
 def metrics_sinks(catalog: Any, asked: Iterable[str]) -> tuple[str, ...]:

@@ -383,6 +383,12 @@ class Catalog:
         """The metrics sink ``name`` (``--metrics-sink``)."""
         return self.named("sexpgpu_metrics_sinks", "metrics sink", name)
 
+    def source_opener(self, name: str) -> ext.SourceOpenerInfo | None:
+        """The opener of the file ``name`` (by the end of its name; one two plugins claim
+        refuses with ``E-PLUGIN-001`` when built); ``None`` when none takes it (a `.sx` file)."""
+        openers = self.available("sexpgpu_source_openers")
+        return next((info for info in openers if name.endswith(info.suffix)), None)
+
     def open_location(self, uri: str) -> ext.Storage:
         """Open ``uri`` with the storage backend that serves its scheme (a plain path
         is ``file``); a :class:`PluginError` when no available plugin serves it."""

@@ -39,6 +39,7 @@ PUBLIC_API: Mapping[str, tuple[str, ...] | None] = {
     "sexpgpu.lang.ops": None,
     "sexpgpu.checkpoint": (
         "layout_tensors",
+        "jsonable",
         # a command that follows a checkpoint location (sexpgpu evaluate --follow)
         "EXPERIMENT_FILE",
         "location_of",
@@ -52,7 +53,11 @@ PUBLIC_API: Mapping[str, tuple[str, ...] | None] = {
     # a command: the catalog the CLI hands it, the one way to open work, its metrics
     # and its signals
     "sexpgpu.catalog": ("Catalog",),
+    "sexpgpu.opening": None,
     "sexpgpu.session": None,
+    # a source opener: the language's reader, and JSON read as a hostile file is
+    "sexpgpu.lang.reader": ("Atom", "SList", "SVec", "read"),
+    "sexpgpu.checkpoint.schema": ("MAX_DEPTH", "nesting_depth"),
     "sexpgpu.metrics": ("MetricsStream", "open_sinks"),
     "sexpgpu.signals": ("StopWatch", "process_watch"),
 }
@@ -488,6 +493,59 @@ class StorageBackendInfo:
 
     schemes: tuple[str, ...]
     factory: Callable[[str], Storage]
+    doc: str = ""
+
+
+# ---------------------------------------------------------------- source files
+
+
+@dataclass
+class OpenedSource:
+    """A file ``sexpgpu run`` took as something else than a `.sx` file (a bundle), opened:
+    the `.sx` ``file`` to compile, the selection and choices it carries, and what a run
+    of it may read. The core holds the opened source as one thing, from the command line
+    to the checkpoint; an opener subclasses it for :meth:`lowered`."""
+
+    named: str
+    """The file as the user named it (``run.sxb``, ``s3://bucket/run.sxb``)."""
+    file: str
+    root: str | None = None
+    """A folder whose files a checkpoint names by their paths in it, the same wherever it
+    is opened (``sources/run.sx``); ``None``: by their own paths."""
+    sets: Mapping[str, str] = field(default_factory=dict)
+    variant: str | None = None
+    steps: int | None = None
+    choices: Mapping[str, str] | None = None
+    """Recorded choices a fresh start pins as a checkpoint's are (``None``: none)."""
+    files: Callable[[str, str], None] | None = None
+    """Refuses a file the program names that it may not read (``FileCheck``)."""
+    compile_cache: str | None = None
+    """A folder of compile caches its recorded lowering reads (``LoweringInfo.compile_cache``)."""
+    called: str = "the source's"
+    """How a line names whose choices these are (``the bundle's``)."""
+
+    def lowered(self, lower: Callable[[], Any], *, fresh: bool) -> Any:
+        """``lower()`` (a :class:`sexpgpu.session.Lowered`), refused in the opener's terms
+        where it took or refused :attr:`choices` otherwise (a bundle made on another kind
+        of machine); ``fresh``: the run chooses afresh. By default as it comes."""
+        return lower()
+
+
+class SourceOpener(Protocol):
+    def open(self, name: str, catalog: Any, *, fresh: bool) -> OpenedSource:
+        """Open ``name`` (local or in a store, through ``catalog.open_location``), checked
+        before anything of it is compiled; a refusal is one :class:`SexpError`. What it
+        unpacks lives as long as the process."""
+
+
+@dataclass(frozen=True)
+class SourceOpenerInfo:
+    """A kind of file ``sexpgpu run`` and ``sexpgpu.train.run`` take, told by the end of
+    its name (``.sxb``), and the factory of its :class:`SourceOpener`."""
+
+    name: str
+    suffix: str
+    factory: Callable[[], SourceOpener]
     doc: str = ""
 
 

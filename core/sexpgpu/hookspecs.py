@@ -22,6 +22,7 @@ from sexpgpu.extension import (
     MetricsSinkInfo,
     OpInfo,
     OptimizerInfo,
+    SourceOpenerInfo,
     StorageBackendInfo,
 )
 
@@ -94,6 +95,14 @@ def sexpgpu_eval_metrics() -> list[EvalMetricInfo]:
     """Returns named eval metrics (:class:`~sexpgpu.extension.EvalMetricInfo`) that
     ``(eval ... :metrics (...))`` may list. Called when a file with ``:evals`` is
     compiled and when a pass reports its numbers."""
+
+
+@hookspec
+def sexpgpu_source_openers() -> list[SourceOpenerInfo]:
+    """Returns openers of files that are not `.sx` files
+    (:class:`~sexpgpu.extension.SourceOpenerInfo`), each told by the end of a file's
+    name (``.sxb``: a bundle). Called when ``sexpgpu run`` or ``sexpgpu.train.run`` is
+    given such a file, before anything is compiled."""
 
 
 @hookspec

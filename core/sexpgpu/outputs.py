@@ -204,7 +204,7 @@ class Outputs:
                 finished=finished,
                 state_names=state_names_for(run.program, run.stage, run.catalog),
                 loaded=run.session.loaded,
-                bundle=run.session.unpacked,
+                root=run.session.root,
             )
 
         assert self.checkpointer is not None

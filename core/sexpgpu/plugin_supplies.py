@@ -65,6 +65,7 @@ SUPPLIES: dict[str, Callable[[Any], tuple[str, ...]]] = {
     # one runner serves every pass: any two plugins supplying one conflict
     "sexpgpu_evaluators": lambda i: ("eval-pass runner",),
     "sexpgpu_eval_metrics": lambda i: (f"eval metric '{i.name}'",),
+    "sexpgpu_source_openers": lambda i: (f"source files '*{i.suffix}'",),
 }
 """Every hook that supplies descriptors, with how a descriptor's keys are made: the
 phrases naming what it claims (``storage scheme 'file'``); two available plugins

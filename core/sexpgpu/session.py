@@ -16,107 +16,32 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from sexpgpu.bundle.opening import lower_on_its_machine
-from sexpgpu.choices import LOWERING_CHOICE, Choices, kernel_requests
+from sexpgpu.choices import LOWERING_CHOICE, Choices
 from sexpgpu.errors import CheckpointError, PluginError, SexpError, SourceError
 from sexpgpu.extension import DataLoader, DataSourceInfo, Evaluator, Supplies, Trainer
+from sexpgpu.opening import Selection, Target, recorded_choices
+
+__all__ = [  # Selection, Target and recorded_choices are the opener's, used through here too
+    "CheckpointOpener", "Lowered", "Opened", "Selection", "Session", "Target",
+    "evaluator", "lower", "open_loader", "recorded_choices", "state_names_for",
+]  # fmt: skip
 
 if TYPE_CHECKING:
     from sexpgpu.catalog import Catalog
     from sexpgpu.checkpoint import Loaded
     from sexpgpu.checkpoint.loads import Loads
-    from sexpgpu.extension import RankGroup, Storage
+    from sexpgpu.extension import OpenedSource, RankGroup, Storage
     from sexpgpu.lang.ir import DataDecl, Program
-    from sexpgpu.lang.syntax import FileCheck
 
 
 E_FOREIGN_RUN = "E-EVAL-002"
 """A checkpoint opened with a file whose run is not the checkpoint's."""
 
 _PROGRAM_KEYS = ("file", "sources", "knobs", "variant")  # what fixes a checkpoint's program
-
-
-@dataclass(frozen=True)
-class Selection:
-    """What to compile: a `.sx` file, its knobs (``--set``), its variant and ``--steps``."""
-
-    file: str
-    sets: Mapping[str, str] = field(default_factory=dict)
-    variant: str | None = None
-    steps: int | None = None
-    unpacked: str | None = None
-    """The folder of the bundle ``file`` was unpacked from (see ``Loads.identities``)."""
-    files: FileCheck | None = None
-    """What refuses a file the program names that it may not read (a bundle's closed
-    world: :data:`~sexpgpu.lang.syntax.FileCheck`); ``None``: any file."""
-
-    @classmethod
-    def recorded(cls, experiment: Mapping[str, Any], file: str | None = None) -> Selection:
-        """The selection a checkpoint's run was compiled under: its file (or ``file``),
-        its variant, and the knobs its command line set."""
-        from sexpgpu.checkpoint.records import command_line_knobs
-
-        sets, steps = command_line_knobs(experiment)
-        variant = experiment.get("variant")
-        return cls(
-            file or experiment["file"],
-            sets=sets,
-            variant=None if variant in (None, "-") else variant,
-            steps=steps,
-        )
-
-    def compile(self, catalog: Catalog, *, check_files: bool = True) -> Program:
-        """The checked program (``check_files``: see :func:`sexpgpu.lang.compile_file`)."""
-        from sexpgpu.lang import compile_file
-
-        return compile_file(
-            self.file,
-            catalog=catalog,
-            sets=dict(self.sets),
-            variant=self.variant,
-            steps=self.steps,
-            check_files=check_files,
-            files=self.files,
-        )
-
-
-@dataclass(frozen=True)
-class Target:
-    """How to lower: the device, the lowering (``--lowering``), the kernels asked for
-    (``--choose``: ``{site or kind: kernel}``), other choices by name (``{"cpu.threads":
-    "2"}``), the front end's option naming each (``--threads``), and whether a resume
-    chooses again (``--choices fresh``)."""
-
-    device: str = "cpu"
-    lowering: str | None = None
-    choose: Mapping[str, str] = field(default_factory=dict)
-    requests: Mapping[str, str] = field(default_factory=dict)
-    options: Mapping[str, str] = field(default_factory=dict)
-    fresh: bool = False
-    bundled: Mapping[str, str] | None = None
-    """The choices a bundle recorded: pinned on a fresh start as a checkpoint's are."""
-
-    def choices(self, program: Program | None, recorded: Mapping[str, str] | None) -> Choices:
-        """The run's :class:`Choices` against a checkpoint's ``recorded`` ones (``None``
-        on a fresh start); ``program`` resolves ``--choose`` targets to its sites."""
-        requested = dict(self.requests)
-        asked = {name: self._words(name, value) for name, value in self.requests.items()}
-        if self.lowering:
-            requested[LOWERING_CHOICE] = self.lowering
-            asked[LOWERING_CHOICE] = f"--lowering {self.lowering}"
-        if self.choose and program is not None:
-            kernels, words = kernel_requests(program, self.choose, self.options)
-            requested.update(kernels)
-            asked.update(words)
-        return Choices.make(requested=requested, asked=asked, recorded=recorded, fresh=self.fresh)
-
-    def _words(self, name: str, value: str) -> str:
-        option = self.options.get(name)
-        return f"{option} {value}" if option else f"{name}={value}"
 
 
 @dataclass
@@ -174,17 +99,6 @@ _TRAINER_MEMBERS = sorted(
 )
 
 
-def recorded_choices(experiment: Mapping[str, Any], catalog: Catalog) -> dict[str, str]:
-    """A checkpoint's recorded ``choices``, with the lowering it ran on when it is older
-    than that record (the lowering that says so: ``LoweringInfo.unrecorded``)."""
-    recorded = {str(k): str(v) for k, v in experiment.get("choices", {}).items()}
-    if LOWERING_CHOICE not in recorded:
-        ran_on = next((info.name for info in catalog.lowerings() if info.unrecorded), None)
-        if ran_on is not None:
-            recorded[LOWERING_CHOICE] = ran_on
-    return recorded
-
-
 def state_names_for(program: Program, stage: int, catalog: Catalog) -> dict[str, tuple[str, ...]]:
     """Each parameter's optimizer state names in ``stage`` (none for frozen ones)."""
     decl = program.stages[stage].optimizer
@@ -232,9 +146,10 @@ class Session:
         self.moved: list[str] = []
         """What moved since the checkpoint, one ``resumed from`` line each."""
         self.lowered: Lowered | None = None
-        self.bundled: dict[str, str] = {}  # the bundle's choices a fresh start pins
-        self.unpacked: str | None = None
-        """The folder the bundle the program was unpacked from was unpacked into."""
+        self.source: OpenedSource | None = None
+        """The source the program was opened from, when it is not the file named."""
+        self.pinned_source = False
+        """Whether the choices pinned are the source's (a fresh start that takes them)."""
 
     @classmethod
     def start(
@@ -256,11 +171,11 @@ class Session:
         from sexpgpu.checkpoint.loads import Loads
 
         program = selection.compile(catalog)
-        loads = Loads.of(program, catalog.open_location, bundle=selection.unpacked)
+        loads = Loads.of(program, catalog.open_location, root=selection.root)
         loads.check()
         loads.prefetch_identities()
         session = cls(catalog, program, loads)
-        session.unpacked = selection.unpacked
+        session.source = source = selection.source
         session._resume(resume, checkpoint_dir)
         recorded = None
         if session.checkpoint is not None:
@@ -273,12 +188,12 @@ class Session:
                 devices=devices,
                 nodes=nodes,
                 state_names=state_names_for(program, session.stage, catalog),
-                bundle=selection.unpacked,
+                root=selection.root,
             )
             recorded = recorded_choices(experiment, catalog)
-        if recorded is None and target.bundled is not None:
-            recorded = dict(target.bundled)
-            session.bundled = {} if target.fresh else recorded
+        if recorded is None and source is not None and source.choices is not None:
+            recorded = dict(source.choices)
+            session.pinned_source = not target.fresh
         session.choices = target.choices(program, recorded)
         return session
 
@@ -297,6 +212,12 @@ class Session:
         self.location = ckpt.location_of(storage, key)
 
     @property
+    def root(self) -> str | None:
+        """The folder of the source the program was opened from (a checkpoint names its
+        files by their paths there); ``None``: a `.sx` file."""
+        return None if self.source is None else self.source.root
+
+    @property
     def state(self) -> Mapping[str, Any]:
         """The checkpoint's ``state.json``; ``{}`` on a fresh start."""
         return self.checkpoint.state if self.checkpoint is not None else {}
@@ -307,10 +228,13 @@ class Session:
         return int(self.state.get("stage", 0))
 
     def lower(self, device: str) -> Trainer:
-        """Lower the program for ``device`` with the settled choices (a bundle's: on its
-        kind of machine, else ``E-BUNDLE-008``)."""
+        """Lower the program for ``device`` with the settled choices (a source's, taken
+        on its terms: :meth:`OpenedSource.lowered`)."""
         lowering = partial(lower, self.program, self.catalog, device=device, choices=self.choices)
-        self.lowered = lower_on_its_machine(self.bundled, lowering)
+        source = self.source
+        self.lowered = (
+            source.lowered(lowering, fresh=not self.pinned_source) if source else lowering()
+        )
         return self.lowered.trainer
 
     def use_group(self, group: RankGroup) -> None:
@@ -352,8 +276,10 @@ class Session:
             # place waits for it; a frozen teacher's goes on until a checkpoint pins it
             if any(p.trainable for p in self.loads.params):
                 self.loads.identities()
-            moved = self.choices.moved(self.made)  # a bundle's choices, chosen afresh
-            return ["chose afresh, not the bundle's choices", *moved] if moved else []
+            moved = self.choices.moved(self.made)  # a source's choices, chosen afresh
+            whose = self.source.called if self.source is not None else "the recorded"
+            said = f"chose afresh, not {whose} choices"
+            return [said, *moved] if moved else []
         trainer.restore(self.checkpoint.params, self.checkpoint.states, stage=self.stage)
         # A checkpoint names its frozen :load parameters: read from their files again,
         # which must be the bytes the checkpoint's run read (E-LOAD-001).

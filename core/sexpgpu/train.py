@@ -21,9 +21,10 @@ from sexpgpu.errors import CheckpointError, RunError, SexpError, StorageError
 from sexpgpu.extension import RankGroup
 from sexpgpu.lang.schedule import lr_at
 from sexpgpu.log import get_logger
+from sexpgpu.opening import Selection, Target, open_request
 from sexpgpu.outputs import Quiet, Reporter
 from sexpgpu.ranks import SOLO, StopAgreement, check_batches, check_replicas, join_group, next_part
-from sexpgpu.session import Selection, Session, Target, evaluator, open_loader
+from sexpgpu.session import Session, evaluator, open_loader
 from sexpgpu.signals import StopWatch, interruption, process_watch
 
 if TYPE_CHECKING:
@@ -113,10 +114,12 @@ class Run:
         self.group = join_group(options.target.device, self.catalog.lowerings())
         self.stops = StopAgreement(self.group, watch)
         self.storage = open_location(self.catalog, options.checkpoint_dir, self.group, self.log)
-        self.log.info("compiling", file=options.selection.file)
+        selection = open_request(self.catalog, options.selection, options.target,
+                                 resume=options.resume, checkpoint_dir=options.checkpoint_dir)  # fmt: skip
+        self.log.info("compiling", file=selection.file)
         session = self.session = Session.start(
             self.catalog,
-            options.selection,
+            selection,
             options.target,
             resume=options.resume,
             checkpoint_dir=options.checkpoint_dir,

@@ -22,7 +22,8 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from sexpgpu.bundle import (
+from sexpgpu.errors import SexpError
+from sexpgpu_bundle.archive import (
     DEFAULT_BOUND,
     E_DAMAGED,
     E_MANIFEST,
@@ -37,7 +38,6 @@ from sexpgpu.bundle import (
     unsafe_name,
     write_bundle,
 )
-from sexpgpu.errors import SexpError
 from tests.properties import budget
 
 SOURCE = b'(include "blocks.sx")\n(defmodel my-run (linear 4 4))\n'

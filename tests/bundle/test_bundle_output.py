@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from sexpgpu.bundle import BundleError, write_bundle
-from sexpgpu.bundle.archive import E_UNWRITABLE
+from sexpgpu_bundle.archive import E_UNWRITABLE, BundleError, write_bundle
 from tests.e2e.helpers import EXAMPLES, SEXPGPU, sexpgpu_env, sexpgpu_in_process
 
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]

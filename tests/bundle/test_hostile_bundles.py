@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from sexpgpu.bundle import BundleError
-from sexpgpu.bundle.opening import unpack
+from sexpgpu_bundle.archive import BundleError
+from sexpgpu_bundle.opening import unpack
 from tests.bundle.forging import forge, main_source, refused_line, run_in_a_clean_place
 from tests.e2e.helpers import run_sexpgpu, sexpgpu_in_process
 

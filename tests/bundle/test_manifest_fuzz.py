@@ -4,7 +4,7 @@ a run uses read) or refused with one `E-BUNDLE-` line; never another exception, 
 a hang, and nothing written outside the folder it was unpacked into.
 
 In this process: the reader and every check before the program compiles
-(:func:`sexpgpu.bundle.opening.unpack_to_run`), with what a run then asks of the
+(:func:`sexpgpu_bundle.opening.unpack_to_run`), with what a run then asks of the
 manifest; tests/bundle/test_hostile_bundles.py runs forged bundles end to end."""
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from typing import Any
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from sexpgpu.bundle import FORMAT, MANIFEST, BundleError, describe
-from sexpgpu.bundle.opening import installed_versions, machine_kind, unpack_to_run
 from sexpgpu.catalog import Catalog
+from sexpgpu_bundle.archive import FORMAT, MANIFEST, BundleError, describe
+from sexpgpu_bundle.opening import installed_versions, machine_kind, unpack_to_run
 from sexpgpu_cli.commands.checkpoint import shown
 from tests.properties import budget
 

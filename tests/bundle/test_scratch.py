@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from sexpgpu.bundle import scratch
-from sexpgpu.bundle.scratch import OWNER, PREFIX, remove_abandoned
+from sexpgpu_bundle import scratch
+from sexpgpu_bundle.scratch import OWNER, PREFIX, remove_abandoned
 from tests.e2e.helpers import EXAMPLES, run_sexpgpu, sexpgpu_env, start_sexpgpu
 
 

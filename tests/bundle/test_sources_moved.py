@@ -87,7 +87,7 @@ def test_which_moves_are_listed(tmp_path: Path) -> None:
 
     def moved(recorded: dict, bundle: str | None = None) -> list[str]:
         return compare_for_resume(
-            recorded, program, devices=1, nodes=1, state_names=states, bundle=bundle
+            recorded, program, devices=1, nodes=1, state_names=states, root=bundle
         )
 
     assert moved(_recorded(program, **{"run.sx": "sources/run.sx"})) == [

@@ -9,9 +9,9 @@ import os
 import pytest
 import torch
 
+from sexpgpu import opening as environment
 from sexpgpu.errors import CheckpointError
-from sexpgpu.session import Target
-from sexpgpu_cli import environment
+from sexpgpu.opening import Selection, Target
 from sexpgpu_torch import cpu as torch_cpu
 from sexpgpu_torch import cpu_environment as cpu
 from tests.catalogs import project
@@ -107,7 +107,7 @@ def test_the_environment_is_pinned_before_torch_from_the_checkpoint(monkeypatch)
 
     def prepare(target: Target, resume: str) -> dict[str, str]:
         return environment.prepare_environment(
-            project(), target, resume=resume, checkpoint_dir=None
+            project(), Selection("x.sx"), target, resume=resume, checkpoint_dir=None
         )
 
     env = prepare(Target(), "ckpt/step-00000004")

@@ -277,7 +277,7 @@ def _lines(path: Path) -> int:
 
 
 CORE = REPO / "core" / "sexpgpu"
-LIBRARIES = ("lang", "checkpoint", "bundle")
+LIBRARIES = ("lang", "checkpoint")
 """The core's torch-free libraries, each a package with its own tests."""
 
 

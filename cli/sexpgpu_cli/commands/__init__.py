@@ -2,7 +2,6 @@
 
 BUILTIN_COMMANDS = {
     "run": "sexpgpu_cli.commands.run:run",
-    "bundle": "sexpgpu_cli.commands.bundle:bundle",
     "check": "sexpgpu_cli.commands.check:check",
     "compile": "sexpgpu_cli.commands.check:compile_",
     "checkpoint": "sexpgpu_cli.commands.checkpoint:checkpoint",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-from typing import Any
 
 import click
 
@@ -139,13 +138,10 @@ def run(
     log_every: str,
 ) -> None:
     """Train FILE, checkpointing to --checkpoint-dir and resuming with --resume."""
-    from sexpgpu.bundle.opening import is_bundle
     from sexpgpu.choices import SHARD_CHOICE
-    from sexpgpu.session import Selection, Target
-    from sexpgpu_cli.environment import prepare_environment
+    from sexpgpu.opening import Selection, Target, parse_requests, prepare_environment
     from sexpgpu_cli.launch import Worker, in_worker, launch
     from sexpgpu_cli.options import metrics_sinks as sinks_of
-    from sexpgpu_cli.options import parse_requests
     from sexpgpu_cli.reporting import LogEvery, Reporter
     from sexpgpu_cli.slurm import take_srun_environment
 
@@ -157,13 +153,6 @@ def run(
         sys.exit(
             launch(sys.argv[1:], devices=devices or 1, max_restarts=max_restarts, device=device)
         )
-    bundled = _open_bundle(file, fresh=choices == "fresh") if is_bundle(file) else None
-    file_named = file
-    if bundled is not None:
-        file = bundled.main
-        sets = (*(f"{k}={v}" for k, v in bundled.sets.items()), *sets)
-        variant = variant or bundled.variant
-        steps = steps or bundled.steps
     target = Target(
         device=device,
         lowering=lowering or None,
@@ -175,11 +164,12 @@ def run(
         },
         options={THREADS: "--threads", SHARD_CHOICE: "--shard"},
         fresh=choices == "fresh",
-        bundled=None if bundled is None else bundled.choices,
     )
-    # First, before torch is imported: ATen and MKL read their settings when they start.
+    selection = Selection(file, sets=parse_sets(sets), variant=variant, steps=steps)
+    selection = selection.opened(catalog(), fresh=target.fresh)  # a bundle: unpacked, checked
+    # First, before torch is imported: ATen and OpenMP read their settings when they start.
     prepare_environment(
-        catalog(), target, resume=resume or None, checkpoint_dir=checkpoint_dir or None
+        catalog(), selection, target, resume=resume or None, checkpoint_dir=checkpoint_dir or None
     )
     from sexpgpu.train import RunOptions
     from sexpgpu.train import run as run_file
@@ -188,14 +178,7 @@ def run(
         return Reporter(total=total, step=step, every=every, terminal=True, tokens=tokens)
 
     options = RunOptions(
-        selection=Selection(
-            file,
-            sets=parse_sets(sets),
-            variant=variant,
-            steps=steps,
-            unpacked=None if bundled is None else str(bundled.folder),
-            files=None if bundled is None else bundled.closed_world(file_named),
-        ),
+        selection=selection,
         target=target,
         metrics_dir=metrics_dir,
         metrics_sinks=sinks_of(catalog(), metrics_sinks),
@@ -215,23 +198,3 @@ def run(
     if message:
         click.echo(f"sexpgpu run: {message}", err=True)
     sys.exit(code)
-
-
-def _open_bundle(name: str, *, fresh: bool) -> Any:
-    """The bundle ``name`` unpacked into a folder that lasts as long as this process,
-    its versions and data checked against this machine's (versions: unless fresh), and
-    its compile caches handed to its lowering's compiler (unless fresh)."""
-    import os
-
-    from sexpgpu.bundle.opening import open_to_run
-
-    plugins = catalog()
-    unpacked = open_to_run(name, plugins, fresh=fresh)
-    cache = unpacked.compile_cache()
-    if cache is not None and not fresh:
-        # the bundle's compiled kernels, read by the compiler instead of choosing again
-        lowering = unpacked.choices.get("lowering")
-        info = next((i for i in plugins.lowerings() if i.name == lowering), None)
-        if info is not None and info.compile_cache is not None:
-            os.environ.update(info.compile_cache(str(cache)))
-    return unpacked

@@ -87,6 +87,7 @@ from sexpgpu.checkpoint.read import (
 from sexpgpu.checkpoint.records import (
     expected_tensors,
     experiment_record,
+    jsonable,
     shape_text,
     state_record,
     value_text,
@@ -157,4 +158,5 @@ __all__ = [
     "step_key",
     "value_text",
     "write_checkpoint",
+    "jsonable",
 ]

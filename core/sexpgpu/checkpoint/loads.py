@@ -245,11 +245,11 @@ def _follow(uri: str) -> tuple[str, str | None]:
     return (uri if real == path else real), real
 
 
-def _in_bundle(uri: str, bundle: str | None) -> str:
-    """``uri`` by its path in the bundle unpacked into the folder ``bundle``, if there."""
-    if bundle is None or "://" in uri or not os.path.isabs(uri):
+def _in_root(uri: str, root: str | None) -> str:
+    """``uri`` by its path in the folder ``root`` (a bundle's, unpacked), if there."""
+    if root is None or "://" in uri or not os.path.isabs(uri):
         return uri
-    inside = os.path.relpath(os.path.normpath(uri), os.path.normpath(bundle))
+    inside = os.path.relpath(os.path.normpath(uri), os.path.normpath(root))
     return uri if inside.startswith("..") else inside
 
 
@@ -343,11 +343,11 @@ class Loads:
     """
 
     def __init__(
-        self, params: Iterable[ParamDecl], open_location: Opener, *, bundle: str | None = None
+        self, params: Iterable[ParamDecl], open_location: Opener, *, root: str | None = None
     ) -> None:
         self.params = [p for p in params if p.load is not None]
         self._open_location = open_location
-        self._bundle = bundle
+        self._root = root
         self._files: dict[str, SafetensorsFile] = {}
         self._indexes: dict[str, dict[str, str]] = {}
         self._identities: dict[str, ObjectIdentity | Hashing] = {}
@@ -358,11 +358,12 @@ class Loads:
         self.sources: dict[str, Source] = {}
 
     @classmethod
-    def of(cls, program: Program, open_location: Opener, *, bundle: str | None = None) -> Loads:
+    def of(cls, program: Program, open_location: Opener, *, root: str | None = None) -> Loads:
         """The ``:load`` parameters of ``program``, their files opened with
-        ``open_location`` (:meth:`sexpgpu.catalog.Catalog.open_location`); ``bundle``:
-        the folder a bundle holding ``program`` was unpacked into (:meth:`identities`)."""
-        return cls(program.params, open_location, bundle=bundle)
+        ``open_location`` (:meth:`sexpgpu.catalog.Catalog.open_location`); ``root``:
+        the folder of the source ``program`` was opened from, a bundle unpacked
+        (:meth:`identities`)."""
+        return cls(program.params, open_location, root=root)
 
     def __bool__(self) -> bool:
         return bool(self.params)
@@ -477,7 +478,7 @@ class Loads:
                 with _at(source.pos):
                     identity = self._identities[source.uri] = identity.result()
             pinned[path] = {
-                "uri": _in_bundle(source.uri, self._bundle),
+                "uri": _in_root(source.uri, self._root),
                 "tensor": source.tensor,
                 "size": identity.size,
                 "version": identity.version,

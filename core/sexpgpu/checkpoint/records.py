@@ -37,16 +37,16 @@ def jsonable(value: Any) -> Any:
     return str(value)
 
 
-def source_place(path: str | None, bundle: str | None) -> str | None:
+def source_place(path: str | None, root: str | None) -> str | None:
     """Where a source file is, as ``experiment.json`` records it: its path in the folder
-    ``bundle`` that the bundle the program was unpacked from was unpacked into
+    ``root`` of the source the program was opened from, a bundle unpacked
     (``sources/run.sx``: the same for every run of the bundle, wherever unpacked), else
     its real, absolute path; ``None`` for the ``<core>`` prelude."""
     if path is None:
         return None
     real = os.path.realpath(path)
-    if bundle is not None:
-        folder = os.path.realpath(bundle)
+    if root is not None:
+        folder = os.path.realpath(root)
         if os.path.commonpath([real, folder]) == folder:
             return os.path.relpath(real, folder).replace(os.sep, "/")
     return real
@@ -62,7 +62,7 @@ def experiment_record(
     finished: bool,
     state_names: Mapping[str, tuple[str, ...]] | None = None,
     loaded: Mapping[str, Mapping[str, Any]] | None = None,
-    bundle: str | None = None,
+    root: str | None = None,
 ) -> dict[str, Any]:
     """The content of ``experiment.json``: what the run is, as docs/checkpoints.md lists.
 
@@ -70,9 +70,9 @@ def experiment_record(
     stage keeps for it (``OptimizerInfo.state_names(options)``; frozen ones have
     none). ``loaded`` maps a ``:load`` parameter's path to the identity of the
     file it was read from (``{"size": int, "version": str}``, and ``uri``/``tensor``
-    when they differ from the declaration, e.g. the shard of an index). ``bundle``: the
-    folder the bundle the program was unpacked from was unpacked into (each source's
-    ``path`` is then its path there, :func:`source_place`).
+    when they differ from the declaration, e.g. the shard of an index). ``root``: the
+    folder of the source the program was opened from (each source's ``path`` is then
+    its path there, :func:`source_place`).
     """
     from sexpgpu import __version__
 
@@ -104,7 +104,7 @@ def experiment_record(
         "file": program.file,
         "slug": slug,
         "finished": bool(finished),
-        "sources": [_source_record(s, bundle) for s in program.sources],
+        "sources": [_source_record(s, root) for s in program.sources],
         "variant": program.variant or "-",
         "knobs": [
             {"name": k.name, "value": jsonable(k.value), "source": k.source} for k in program.knobs
@@ -122,8 +122,8 @@ def experiment_record(
     }
 
 
-def _source_record(source: Any, bundle: str | None) -> dict[str, Any]:
-    place = source_place(source.path, bundle)
+def _source_record(source: Any, root: str | None) -> dict[str, Any]:
+    place = source_place(source.path, root)
     record = {"name": source.name, "sha256": source.sha256}
     return record if place is None else {**record, "path": place}
 

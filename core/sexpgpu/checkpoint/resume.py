@@ -33,7 +33,7 @@ def compare_for_resume(
     devices: int,
     nodes: int,
     state_names: Mapping[str, tuple[str, ...]],
-    bundle: str | None = None,
+    root: str | None = None,
 ) -> list[str]:
     """Check that ``program`` can continue from a checkpoint's ``experiment.json``.
 
@@ -43,8 +43,8 @@ def compare_for_resume(
     keeps other optimizer states. Returns what moved, one line each, for the
     ``resumed from`` annotation: ``source <name> <old> -> <new>`` (12 hex digits
     of the sha256, ``-`` for a file new or gone; for the same bytes moved into or out
-    of a bundle, its paths: ``bundle`` is the folder ``program``'s bundle was unpacked
-    into, see :func:`~sexpgpu.checkpoint.records.source_place`) and ``knob <name> <old>
+    of a bundle, its paths: ``root`` is the folder of the source ``program`` was
+    opened from, see :func:`~sexpgpu.checkpoint.records.source_place`) and ``knob <name> <old>
     -> <new>``.
     """
     old_devices, old_nodes = int(recorded.get("devices", 1)), int(recorded.get("nodes", 1))
@@ -62,7 +62,7 @@ def compare_for_resume(
             + "\nresume with the program that wrote the checkpoint, or start the run again",
             code=E_CHANGED,
         )
-    return _moved_sources(recorded, program, bundle) + _moved_knobs(recorded, program)
+    return _moved_sources(recorded, program, root) + _moved_knobs(recorded, program)
 
 
 def _param_problems(
@@ -98,7 +98,7 @@ def _param_problems(
     return problems
 
 
-def _moved_sources(recorded: Mapping[str, Any], program: Program, bundle: str | None) -> list[str]:
+def _moved_sources(recorded: Mapping[str, Any], program: Program, root: str | None) -> list[str]:
     old = {s["name"]: s for s in recorded.get("sources", [])}
     new = {s.name: s for s in program.sources}
     moved = []
@@ -108,7 +108,7 @@ def _moved_sources(recorded: Mapping[str, Any], program: Program, bundle: str | 
         if before != after:
             moved.append(f"source {name} {_short(before)} -> {_short(after)}")
             continue
-        was, now = old[name].get("path"), source_place(new[name].path, bundle)
+        was, now = old[name].get("path"), source_place(new[name].path, root)
         # a bundle's sources are its own paths: the same bytes there and in the project
         # are listed by path; a project moved between folders is not
         if was and now and was != now and not (os.path.isabs(was) and os.path.isabs(now)):

@@ -12,8 +12,13 @@ from typing import Any
 
 import click
 
-from sexpgpu_cli.group import catalog
-from sexpgpu_cli.options import parse_sets
+from sexpgpu.catalog import Catalog
+from sexpgpu.opening import parse_sets
+
+
+def catalog() -> Catalog:
+    """The catalog the CLI hands its commands."""
+    return click.get_current_context().find_object(Catalog)
 
 
 @click.command("bundle")
@@ -81,10 +86,8 @@ def _make(
     file: str, output: str, *, sets: dict[str, str], steps: int | None, variant: str | None,
     device: str, lowering: str | None, requests: tuple[str, ...], with_data: bool,
 ) -> dict[str, Any]:  # fmt: skip
-    from sexpgpu.bundle.scratch import new_scratch_folder
-    from sexpgpu.session import Selection, Target
-    from sexpgpu_cli.environment import prepare_environment
-    from sexpgpu_cli.options import parse_requests
+    from sexpgpu.opening import Selection, Target, parse_requests, prepare_environment
+    from sexpgpu_bundle.scratch import new_scratch_folder
 
     plugins = catalog()
     target = Target(device=device, lowering=lowering or None, choose=parse_requests(requests))
@@ -95,8 +98,8 @@ def _make(
         cache = _compile_into_a_new_cache(plugins, target, scratch / "compiled")
         fetched = scratch / "fetched"
         fetched.mkdir()
-        prepare_environment(plugins, target, resume=None, checkpoint_dir=None)
         selection = Selection(file, sets=sets, variant=variant, steps=steps)
+        prepare_environment(plugins, selection, target, resume=None, checkpoint_dir=None)
         return _write(
             plugins, selection, target, output, cache=cache, fetched=fetched, with_data=with_data
         )
@@ -108,7 +111,7 @@ def _check_writable(output: str) -> None:
     """Refuse (``E-BUNDLE-010``) an output whose folder is not there or cannot be
     written, or that is a folder: the write itself says so too, but only after
     compiling."""
-    from sexpgpu.bundle.archive import E_UNWRITABLE, BundleError
+    from sexpgpu_bundle.archive import E_UNWRITABLE, BundleError
 
     folder = os.path.dirname(os.path.abspath(output))
     why = None
@@ -129,11 +132,11 @@ def _write(
     """Compile and lower ``selection`` as `run` would, and write the bundle ``output``;
     ``cache``: the empty folder the compiler fills, ``fetched``: one for object-store
     files fetched to be copied in."""
-    from sexpgpu.bundle.archive import write_bundle
-    from sexpgpu.bundle.make import gather
-    from sexpgpu.bundle.opening import fetch, installed_versions, machine_kind
-    from sexpgpu.checkpoint.records import jsonable
+    from sexpgpu.checkpoint import jsonable
     from sexpgpu.session import Session
+    from sexpgpu_bundle.archive import write_bundle
+    from sexpgpu_bundle.make import gather
+    from sexpgpu_bundle.opening import fetch, installed_versions, machine_kind
 
     session = Session.start(plugins, selection, target)
     trainer = session.lower(target.device)
@@ -204,7 +207,7 @@ def _compile_into_a_new_cache(plugins: Any, target: Any, folder: Path) -> Path |
     its caches in (set in the environment before the compiler starts), so that the
     bundle holds all of this program's compiled kernels, and nothing else of this
     machine's caches."""
-    from sexpgpu_cli.environment import lowering_for
+    from sexpgpu.opening import lowering_for
 
     info = lowering_for(plugins, target)
     if info is None or info.compile_cache is None:
@@ -277,12 +280,11 @@ def _data_paths(program: Any, plugins: Any) -> list[str]:
 def _show(name: str) -> None:
     """Print the manifest of the bundle ``name``, each line escaped as `sexpgpu
     checkpoint` escapes what it prints: a forged path cannot forge a line."""
-    from sexpgpu.bundle.archive import describe, read_manifest
-    from sexpgpu_cli.commands.checkpoint import shown
+    from sexpgpu_bundle.archive import describe, read_manifest
 
     if "://" in name and not name.startswith("file://"):
-        from sexpgpu.bundle.opening import fetch
-        from sexpgpu.bundle.scratch import new_scratch_folder
+        from sexpgpu_bundle.opening import fetch
+        from sexpgpu_bundle.scratch import new_scratch_folder
 
         folder = new_scratch_folder()
         try:
@@ -294,5 +296,6 @@ def _show(name: str) -> None:
     else:
         manifest = read_manifest(name.removeprefix("file://"))
     for line in describe(manifest):
-        click.echo(shown(line))
+        escaped = "".join(c if c.isprintable() else ascii(c)[1:-1] for c in line)
+        click.echo(escaped)  # a forged path cannot forge a line
     sys.stdout.flush()

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sexpgpu.bundle.archive import identify
 from sexpgpu.errors import SexpError
+from sexpgpu_bundle.archive import identify
 
 SOURCES = "sources"
 """The member folder that stands for the main file's folder."""

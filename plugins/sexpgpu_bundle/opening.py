@@ -11,12 +11,13 @@ import hashlib
 import os
 import stat
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sexpgpu.bundle.archive import (
+from sexpgpu.extension import OpenedSource
+from sexpgpu_bundle.archive import (
     DEFAULT_BOUND,
     E_MANIFEST,
     E_TOO_LARGE,
@@ -26,8 +27,7 @@ from sexpgpu.bundle.archive import (
     extract,
     shown,
 )
-from sexpgpu.bundle.closed import ClosedWorld
-from sexpgpu.plugin_supplies import PROJECT_DISTRIBUTION as PROJECT
+from sexpgpu_bundle.closed import ClosedWorld
 
 if TYPE_CHECKING:
     from sexpgpu.catalog import Catalog
@@ -43,6 +43,9 @@ E_FETCH = "E-BUNDLE-006"
 
 E_MACHINE = "E-BUNDLE-008"
 """A bundle whose compiled kernels and choices were made on another kind of machine."""
+
+PROJECT = "sexpgpu"
+"""The distribution whose requirements are the libraries a bundle records."""
 
 SUFFIX = ".sxb"
 """A bundle's file name ends so; ``sexpgpu run`` tells a bundle from a `.sx` file by it."""
@@ -67,7 +70,7 @@ class Unpacked:
         """The path of the bundle's main `.sx` file in :attr:`folder`."""
         return str(self.folder / self.manifest["main"])
 
-    # The manifest was checked against its schema (sexpgpu.bundle.archive) before this
+    # The manifest was checked against its schema (sexpgpu_bundle.archive) before this
     # was made: each field below is of its type and in its range.
 
     @property
@@ -343,7 +346,7 @@ def open_to_run(name: str, catalog: Catalog, *, fresh: bool) -> Unpacked:
     import atexit
     import shutil
 
-    from sexpgpu.bundle.scratch import new_scratch_folder
+    from sexpgpu_bundle.scratch import new_scratch_folder
 
     folder = new_scratch_folder()
     atexit.register(shutil.rmtree, folder, ignore_errors=True)
@@ -366,3 +369,39 @@ def unpack_to_run(name: str, into: Path, catalog: Catalog, *, fresh: bool) -> Un
     check_data(name, unpacked.manifest)
     unpacked.compile_cache()  # one outside the folder is refused now, before compiling
     return unpacked
+
+
+# ---------------------------------------------------------------- the source opener
+
+
+@dataclass
+class BundleSource(OpenedSource):
+    """A bundle opened to run (:class:`sexpgpu.extension.OpenedSource`): its main file and
+    folder, its selection, choices and closed world; a run that takes its choices is
+    lowered on the bundling machine's kind (:func:`lower_on_its_machine`)."""
+
+    called: str = "the bundle's"
+    manifest: Mapping[str, Any] = field(default_factory=dict)
+
+    def lowered(self, lower: Callable[[], Any], *, fresh: bool) -> Any:
+        return lower() if fresh else lower_on_its_machine(dict(self.choices or {}), lower)
+
+
+class BundleOpener:
+    """The :class:`sexpgpu.extension.SourceOpener` of ``.sxb`` files."""
+
+    def open(self, name: str, catalog: Catalog, *, fresh: bool) -> BundleSource:
+        unpacked = open_to_run(name, catalog, fresh=fresh)
+        cache = unpacked.compile_cache()
+        return BundleSource(
+            named=name,
+            file=unpacked.main,
+            root=str(unpacked.folder),
+            sets=unpacked.sets,
+            variant=unpacked.variant,
+            steps=unpacked.steps,
+            choices=unpacked.choices,
+            files=unpacked.closed_world(name),
+            compile_cache=None if cache is None else str(cache),
+            manifest=unpacked.manifest,
+        )

@@ -4,7 +4,7 @@ A bundle's run compiles the sources it unpacked, which anyone may have written; 
 file they name (an ``include``, a ``:load`` or ``:with-loaded`` file, a data source's
 file) must be one of the bundle's own, in the folder it was unpacked into, or a local
 data file the bundle recorded with its sha256 (checked before the run, see
-:func:`sexpgpu.bundle.opening.check_data`). Data in an object store stays a URI, as
+:func:`sexpgpu_bundle.opening.check_data`). Data in an object store stays a URI, as
 ``sexpgpu bundle`` leaves it. Anything else is refused while the program compiles,
 before it is read, naming the path (``E-BUNDLE-009``).
 """
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import NoReturn
 from urllib.parse import unquote, urlparse
 
-from sexpgpu.bundle.archive import BundleError, shown
+from sexpgpu_bundle.archive import BundleError, shown
 
 E_OUTSIDE = "E-BUNDLE-009"
 """A bundle whose program names a file it neither holds nor recorded."""
