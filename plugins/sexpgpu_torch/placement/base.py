@@ -174,8 +174,9 @@ class Placement(Protocol):
         return index
 
     def share(self, new_params: list[Tensor], like: Sequence[Tensor]) -> list[Tensor]:
-        """Every trainable parameter's new value from this rank's ``new_params`` (of
-        :meth:`mine`): other ranks' come from them; ``like`` gives shapes and dtypes."""
+        """Every trainable parameter's new value: this rank's ``new_params`` (those of
+        :meth:`mine`) and the others', sent by the ranks that made them; ``like`` gives
+        their shapes and dtypes. By default ``new_params`` are every one already."""
         return new_params
 
     def slice_state(self, whole: Tensor) -> Tensor:
