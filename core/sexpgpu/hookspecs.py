@@ -22,6 +22,7 @@ from sexpgpu.extension import (
     MetricsSinkInfo,
     OpInfo,
     OptimizerInfo,
+    RunOptionInfo,
     SourceOpenerInfo,
     StorageBackendInfo,
 )
@@ -103,6 +104,14 @@ def sexpgpu_source_openers() -> list[SourceOpenerInfo]:
     (:class:`~sexpgpu.extension.SourceOpenerInfo`), each told by the end of a file's
     name (``.sxb``: a bundle). Called when ``sexpgpu run`` or ``sexpgpu.train.run`` is
     given such a file, before anything is compiled."""
+
+
+@hookspec
+def sexpgpu_run_options() -> list[RunOptionInfo]:
+    """Returns options this plugin adds to ``sexpgpu run``
+    (:class:`~sexpgpu.extension.RunOptionInfo`), each requesting a recorded choice
+    (``--threads N``: ``cpu.threads``). Called as the CLI starts and when ``sexpgpu
+    run`` parses its command line or shows its help: build no click object here."""
 
 
 @hookspec

@@ -66,6 +66,7 @@ SUPPLIES: dict[str, Callable[[Any], tuple[str, ...]]] = {
     "sexpgpu_evaluators": lambda i: ("eval-pass runner",),
     "sexpgpu_eval_metrics": lambda i: (f"eval metric '{i.name}'",),
     "sexpgpu_source_openers": lambda i: (f"source files '*{i.suffix}'",),
+    "sexpgpu_run_options": lambda i: (f"run option '{i.flag}'",),
 }
 """Every hook that supplies descriptors, with how a descriptor's keys are made: the
 phrases naming what it claims (``storage scheme 'file'``); two available plugins

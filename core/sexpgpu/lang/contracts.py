@@ -254,8 +254,29 @@ def _data_source(info: Any) -> str | None:
     return _named("data source", info) or _options(f"its data source '{info.name}'", info.options)
 
 
+FLAG = re.compile(r"--[a-z][a-z0-9]*(-[a-z0-9]+)*")
+"""A flag a plugin adds to ``sexpgpu run``: a long option of lower-case words."""
+
+
+def _run_option(info: Any) -> str | None:
+    who = f"its run option {info.flag!r}"
+    if not isinstance(info.flag, str) or not FLAG.fullmatch(info.flag):
+        return f"{who} is no long option (--, then lower-case words joined by '-')"
+    if not isinstance(info.choice, str) or not info.choice:
+        return f"{who} requests the choice {_value_text(info.choice)}, not a name"
+    values, minimum = tuple(info.values or ()), info.minimum
+    if not all(isinstance(v, str) and v for v in values):
+        return f"{who} takes the values {values!r}, not all of them words"
+    if values and minimum is not None:
+        return f"{who} takes both words and integers (values and minimum): one or neither"
+    if minimum is not None and (not isinstance(minimum, int) or isinstance(minimum, bool)):
+        return f"{who} takes integers no less than {_value_text(minimum)}, not an integer"
+    return None
+
+
 CONTRACTS: dict[str, Callable[[Any], str | None]] = {
     "sexpgpu_data_sources": _data_source,
+    "sexpgpu_run_options": _run_option,
     "sexpgpu_eval_metrics": _eval_metric,
     "sexpgpu_ops": _op,
     "sexpgpu_optimizers": _optimizer,
