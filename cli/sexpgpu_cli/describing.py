@@ -88,6 +88,15 @@ def _name(info: Any) -> str:
     return info.name
 
 
+def _run_option(info: Any) -> dict[str, Any]:
+    described: dict[str, Any] = {"flag": info.flag, "choice": info.choice}
+    if info.values:
+        described["values"] = list(info.values)
+    if info.minimum is not None:
+        described["minimum"] = info.minimum
+    return {**described, "doc": str(info.help or "")}
+
+
 DESCRIBED: dict[str, Described] = {
     "sexpgpu_lowerings": Described("lowering", _name, _lowering),
     "sexpgpu_kernels": Described("kernel", lambda i: f"{i.kind}:{i.name}", _kernel),
@@ -107,6 +116,7 @@ DESCRIBED: dict[str, Described] = {
         lambda i: f"*{i.suffix} ({i.name})",
         lambda i: {"name": i.name, "suffix": i.suffix, "doc": _doc(i)},
     ),
+    "sexpgpu_run_options": Described("run option", lambda i: i.flag, _run_option),
 }
 """Every hook that supplies descriptors (the keys of :data:`sexpgpu.plugin_supplies.
 SUPPLIES`), as ``sexpgpu plugins`` describes them."""

@@ -105,10 +105,15 @@ def catalog() -> Catalog:
 
 def build_cli(plugins: Catalog) -> click.Group:
     """The root group with every available plugin's commands added (never over a
-    built-in one: such a plugin is listed unavailable by ``sexpgpu plugins``)."""
+    built-in one: such a plugin is listed refused by ``sexpgpu plugins``, as is one
+    whose ``run`` option would replace one of the command's own)."""
     from sexpgpu_cli.plugin_commands import add_commands
+    from sexpgpu_cli.run_options import refuse_takeovers
 
     add_commands(plugins, cli, reserved=BUILTIN_COMMANDS)
+    run = cli.get_command(click.Context(cli), "run")  # loaded as the group loads it
+    if run is not None:
+        refuse_takeovers(plugins, run)
     return cli
 
 

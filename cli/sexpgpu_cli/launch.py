@@ -1,11 +1,12 @@
-"""``sexpgpu run --devices N``: N workers on this machine, through torch's elastic launcher.
+"""``sexpgpu run --devices N``: N workers on this machine, through the lowering's launcher.
 
-The ``sexpgpu`` process becomes the launcher: it hands torch's
-``elastic_launch`` the command ``python -m sexpgpu_cli <the same arguments>``
-for N local workers (a c10d rendezvous on 127.0.0.1), waits, and turns the
-outcome into the spec's exit code and one line. Each worker is a plain
-``sexpgpu run`` that finds its rank in the launcher's environment, exactly as
-under ``torchrun``, which is how several machines run one program.
+The ``sexpgpu`` process becomes the launcher: it hands the launcher of the
+lowering the run takes (``LoweringInfo.launch``; the torch lowerings': torch's
+elastic agent) the command ``python -m sexpgpu_cli <the same arguments>`` for N
+local workers, waits, and turns the outcome into the spec's exit code and one
+line. Each worker is a plain ``sexpgpu run`` that finds its rank in the
+launcher's environment, exactly as under ``torchrun``, which is how several
+machines run one program.
 
 Signals. The workers run in sessions of their own, so nothing a terminal or a
 job runner sends to the launcher reaches them by itself: the launcher forwards
@@ -13,11 +14,11 @@ every delivery of SIGTERM, SIGINT and SIGHUP to every worker, each once and in
 order, a worker that starts later included. The workers then do what one
 process does (stop after the step every rank agrees on, one checkpoint; a
 second SIGTERM or SIGINT ends each at once), and so does the launcher: a second
-SIGTERM or SIGINT ends it at once, after forwarding. Torch's own handlers are
-left off (``signals_to_handle``), since they would stop the workers with a
-deadline of their own.
+SIGTERM or SIGINT ends it at once, after forwarding. The lowering's launcher
+leaves its own handlers off, since they would stop the workers with a deadline of
+their own.
 
-Restarts. ``--max-restarts K`` is torch's: a worker that dies (``kill -9``, a
+Restarts. ``--max-restarts K`` is the launcher's: a worker that dies (``kill -9``, a
 lost peer) restarts the whole group, which with ``--resume latest`` continues
 from the newest complete checkpoint. A run a signal stopped must not start
 again, so a worker of this launcher that was interrupted exits 0 and rank 0
@@ -27,7 +28,6 @@ leaves its exit code in the launch folder, which the launcher exits with.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import select
 import shutil
@@ -35,13 +35,17 @@ import signal
 import sys
 import tempfile
 import threading
-import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sexpgpu.errors import UsageError
+from sexpgpu.errors import PluginError, UsageError
 
-__all__ = ["Worker", "in_worker", "launch"]
+if TYPE_CHECKING:
+    from sexpgpu.catalog import Catalog
+    from sexpgpu.opening import Target
+
+__all__ = ["Worker", "in_worker", "launch", "launcher_for"]
 
 LAUNCH_DIR = "SEXPGPU_LAUNCH_DIR"
 """The launcher's folder: each worker's pid file, and rank 0's outcome when interrupted."""
@@ -120,19 +124,48 @@ class Worker:
 # ---------------------------------------------------------------- the launcher side
 
 
-def launch(args: list[str], *, devices: int, max_restarts: int, device: str) -> int:
-    """Run ``sexpgpu <args>`` as ``devices`` workers through torch's elastic launcher;
-    returns the exit code (the line, when the workers did not print it, is printed here)."""
+Start = Callable[..., tuple[int, str | None]]
+"""``LoweringInfo.launch``: ``(command, *, workers, max_restarts, device, logs)`` to the
+exit code and the line to say."""
+
+
+def launcher_for(catalog: Catalog, target: Target) -> Start:
+    """The launcher of the lowering a run of ``target`` takes (``--lowering``, else the
+    device kind's default); refused as the run itself would refuse that lowering, or
+    one that trains on one device only."""
+    from sexpgpu.kernels import device_kind
+    from sexpgpu.opening import lowering_for
+
+    kind = device_kind(target.device)
+    info = lowering_for(catalog, target) or catalog.require(
+        "sexpgpu_lowerings", f"the device '{target.device}'", lambda item: kind in item.devices
+    )
+    if info.launch is None:
+        raise PluginError(
+            f"the lowering {info.name} cannot train on several devices; run it on one"
+        )
+    return info.launch
+
+
+def launch(args: list[str], *, devices: int, max_restarts: int, device: str, start: Start) -> int:
+    """Run ``sexpgpu <args>`` as ``devices`` workers through ``start`` (the lowering's
+    launcher); returns the exit code (the line, when the workers did not print it, is
+    printed here)."""
     # named by the launcher's pid, so a person (or a test) finds its workers' pids
     folder = Path(tempfile.mkdtemp(prefix=f"sexpgpu-launch-{os.getpid()}-"))
     os.environ[LAUNCH_DIR] = str(folder)
-    if device.split(":", 1)[0] == "cpu":
-        # one thread per rank unless asked: N ranks share the machine's cores
-        os.environ.setdefault("OMP_NUM_THREADS", "1")
     forwarder = _Forwarder(folder)
     try:
         forwarder.install()
-        code = _launch_agent(args, folder, devices=devices, max_restarts=max_restarts)
+        code, line = start(
+            [sys.executable, "-m", "sexpgpu_cli", *args],
+            workers=devices,
+            max_restarts=max_restarts,
+            device=device,
+            logs=str(folder / "logs"),
+        )
+        if line:
+            _say(line)
         outcome = folder / OUTCOME
         if code == 0 and outcome.exists():
             code = int(json.loads(outcome.read_text())["exit_code"])
@@ -141,62 +174,6 @@ def launch(args: list[str], *, devices: int, max_restarts: int, device: str) -> 
         forwarder.uninstall()
         os.environ.pop(LAUNCH_DIR, None)
         shutil.rmtree(folder, ignore_errors=True)
-
-
-def _launch_agent(args: list[str], folder: Path, *, devices: int, max_restarts: int) -> int:
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
-    if os.environ.get("SEXPGPU_LOG_LEVEL", "").lower() != "debug":
-        # torch's agent narrates every start and failure; the outcome is said here
-        for name in ("torch.distributed.elastic", "torch.distributed.launcher"):
-            logging.getLogger(name).setLevel(logging.CRITICAL)
-    # torch before 2.6 has no signals_to_handle: its own handlers then forward the first
-    # signal (with its own deadline), and a second one ends the launcher alone
-    options: dict[str, Any] = {}
-    if "signals_to_handle" in getattr(LaunchConfig, "__dataclass_fields__", {}):
-        options["signals_to_handle"] = "SIGQUIT"  # the launcher forwards the stop signals
-    config = LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
-        nproc_per_node=devices,
-        run_id=f"sexpgpu-{uuid.uuid4().hex}",
-        rdzv_backend="c10d",
-        rdzv_endpoint="127.0.0.1:0",
-        local_addr="127.0.0.1",
-        max_restarts=max_restarts,
-        monitor_interval=0.1,
-        logs_specs=DefaultLogsSpecs(log_dir=str(folder / "logs")),
-        **options,
-    )
-    try:
-        elastic_launch(config, sys.executable)("-m", "sexpgpu_cli", *args)
-    except ChildFailedError as error:
-        return _failed(error, max_restarts)
-    except SignalException as error:
-        return 128 + int(error.sigval)
-    except Exception as error:  # the rendezvous or the agent itself: one line
-        detail = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        _say(f"E-DP-003: the launcher could not run the {devices} workers: {detail}")
-        return 1
-    return 0
-
-
-def _failed(error: Any, max_restarts: int) -> int:
-    """A worker failed (after the restarts): its own line is printed already, unless
-    it was killed, which is said here."""
-    rank, failure = error.get_first_failure()
-    code = int(failure.exitcode)
-    if code > 0:
-        return code
-    try:
-        name = signal.Signals(-code).name
-    except ValueError:
-        name = f"signal {-code}"
-    restarts = f" after {max_restarts} restarts" if max_restarts else ""
-    _say(f"rank {rank} was killed by {name}{restarts}; the group stopped")
-    return 1
 
 
 def _say(line: str) -> None:

@@ -296,21 +296,16 @@ class LoweringInfo:
     copy, loading the same kernels instead of choosing again. ``None``: the lowering
     compiles nothing. Must not import the compiler."""
     launch: Callable[..., tuple[int, str | None]] | None = None
-    """Starts the ranks ``group`` joins on this machine and waits for them (``sexpgpu run
-    --devices N``): ``launch(command, *, workers, max_restarts, device, logs)`` runs
-    ``workers`` processes of ``command`` (argv), restarting the group at most
-    ``max_restarts`` times when one dies, its logs in the folder ``logs``; returns the
-    exit code and the line to say (``None``: the workers said it). May import its libraries."""
+    """``launch(command, *, workers, max_restarts, device, logs)`` runs ``workers``
+    processes of ``command`` as the ranks ``group`` joins (``sexpgpu run --devices N``),
+    waits, and returns the exit code and the line to say (docs/plugins.md)."""
 
 
 @dataclass(frozen=True)
 class RunOptionInfo:
     """An option a plugin adds to ``sexpgpu run``: ``flag VALUE`` requests the recorded
-    choice ``choice`` (``--threads 2``: ``cpu.threads=2``), which the lowering takes as
-    it takes a pinned one; against a resume's other record it is ``E-CHOICE-001``
-    naming ``flag VALUE``. ``values``: the words it takes; ``minimum``: it takes an
-    integer no less than this; neither: any text. Two plugins' options with one flag
-    conflict, and a plugin's never replaces one of the command's own."""
+    choice ``choice`` (``--threads 2``: ``cpu.threads=2``; E-CHOICE-001 names the flag).
+    It takes one of ``values``, an integer no less than ``minimum``, or any text."""
 
     flag: str
     choice: str

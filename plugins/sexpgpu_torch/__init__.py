@@ -10,6 +10,8 @@
   built-in op.
 - What the lowerings take on the machine: the CPU's summation-order choices
   (``cpu.*``, ``torch.version``), the CUDA switches (``cuda.*``), pinned snapshots.
+- What ``sexpgpu run`` takes for them: the options ``--threads`` and ``--shard``
+  (recorded choices), and the launcher of ``--devices N`` (torch's elastic agent).
 
 The CUDA-only kernels (SDPA backends, cuDNN engines) are the ``cuda`` plugin's
 (``sexpgpu_cuda``), which builds on this one.
@@ -21,11 +23,20 @@ top, and is imported here only inside factories).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from sexpgpu.extension import KernelInfo, LoweringInfo, OptimizerInfo, module_missing
+from sexpgpu.choices import SHARD_CHOICE
+from sexpgpu.extension import (
+    KernelInfo,
+    LoweringInfo,
+    OptimizerInfo,
+    RunOptionInfo,
+    module_missing,
+)
 from sexpgpu.hookspecs import hookimpl
+from sexpgpu.lang.ir import SHARDINGS
+from sexpgpu_torch.cpu_environment import THREADS
 from sexpgpu_torch.names import COMPILED, LOWERING
 
 
@@ -58,6 +69,14 @@ def join_group(device: str) -> Any:
     from sexpgpu_torch.distributed import join
 
     return join(device)
+
+
+def launch_ranks(command: Sequence[str], **how: Any) -> tuple[int, str | None]:
+    """``LoweringInfo.launch`` of a lowering whose ranks torch.distributed joins: the
+    workers started by torch's elastic agent (:mod:`sexpgpu_torch.launcher`)."""
+    from sexpgpu_torch.launcher import launch
+
+    return launch(command, **how)
 
 
 def compile_cache(folder: str) -> dict[str, str]:
@@ -97,6 +116,7 @@ def sexpgpu_lowerings() -> list[LoweringInfo]:
             devices=("cpu", "cuda"),
             factory=_eager_factory,
             group=join_group,
+            launch=launch_ranks,
             environment=starting_environment,
             doc="PyTorch eager execution of a compiled program (CPU, CUDA)",
             # the reference on the CPU; on CUDA the compiled lowering is the default
@@ -109,10 +129,33 @@ def sexpgpu_lowerings() -> list[LoweringInfo]:
             devices=("cuda", "cpu"),
             factory=_compiled_factory,
             group=join_group,  # the same trainer: the ranks are torch.distributed's
+            launch=launch_ranks,
             environment=starting_environment,  # torch's own settings, as eager's are
             doc="torch.compile (inductor) of every graph: loss and backward, update, eval",
             default_for=("cuda",),
             compile_cache=compile_cache,
+        ),
+    ]
+
+
+@hookimpl
+def sexpgpu_run_options() -> list[RunOptionInfo]:
+    """``sexpgpu run --threads N`` and ``--shard``: choices the torch lowerings record."""
+    return [
+        RunOptionInfo(
+            "--threads",
+            THREADS,
+            minimum=1,
+            help="The CPU's intra-op thread count (default: OMP_NUM_THREADS, else torch's, "
+            "from the cores this process may use). Recorded, and pinned on resume.",
+        ),
+        RunOptionInfo(
+            "--shard",
+            SHARD_CHOICE,
+            values=SHARDINGS,
+            help="What several devices shard: none (every device holds everything), optimizer "
+            "(the optimizer states) or full (parameters, gradients and states); wins over the "
+            "file's :shard. Recorded, and pinned on resume.",
         ),
     ]
 

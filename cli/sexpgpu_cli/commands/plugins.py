@@ -19,6 +19,9 @@ DETAILS: dict[str, Callable[[Any], str]] = {
     "required": lambda value: ", ".join(f"{k} required" for k in value),
     "options": lambda value: ", ".join(f"{k}={v!r}" for k, v in value.items()) or "no options",
     "lowerings": lambda value: "implemented for " + (", ".join(value) or "no lowering"),
+    "choice": lambda value: f"requests {value}",
+    "values": lambda value: " | ".join(value),
+    "minimum": lambda value: f"an integer >= {value}",
 }
 
 

@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import click
 
 from sexpgpu_cli.group import catalog
 from sexpgpu_cli.options import parse_sets
-
-THREADS = "cpu.threads"
-"""The recorded choice ``--threads`` asks for (the torch lowering's thread count)."""
+from sexpgpu_cli.run_options import RunCommand, requested
 
 
-@click.command("run")
+# The plugins add their own options (the torch lowerings' --threads and --shard),
+# each requesting a recorded choice: sexpgpu_cli.run_options.
+@click.command("run", cls=RunCommand)
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--set", "sets", multiple=True, metavar="NAME=VALUE", help="Set a knob (repeatable).")
 @click.option("--steps", type=click.IntRange(min=1), help="Set the knob `steps`.")
@@ -92,19 +93,6 @@ THREADS = "cpu.threads"
     "kernels. Recorded, and pinned on resume.",
 )
 @click.option(
-    "--threads",
-    type=click.IntRange(min=1),
-    help="The CPU's intra-op thread count (default: OMP_NUM_THREADS, else torch's, "
-    "from the cores this process may use). Recorded, and pinned on resume.",
-)
-@click.option(
-    "--shard",
-    type=click.Choice(["none", "optimizer", "full"]),
-    help="What several devices shard: none (every device holds everything), optimizer "
-    "(the optimizer states) or full (parameters, gradients and states); wins over the "
-    "file's :shard. Recorded, and pinned on resume.",
-)
-@click.option(
     "--keep-last",
     type=click.IntRange(min=1),
     help="Keep only the newest N complete checkpoints (wins over the file's :keep-last).",
@@ -132,15 +120,13 @@ def run(
     choices: str,
     lowering: str | None,
     requests: tuple[str, ...],
-    threads: int | None,
-    shard: str | None,
     keep_last: int | None,
     log_every: str,
+    **plugin_options: Any,
 ) -> None:
     """Train FILE, checkpointing to --checkpoint-dir and resuming with --resume."""
-    from sexpgpu.choices import SHARD_CHOICE
     from sexpgpu.opening import Selection, Target, parse_requests, prepare_environment
-    from sexpgpu_cli.launch import Worker, in_worker, launch
+    from sexpgpu_cli.launch import Worker, in_worker, launch, launcher_for
     from sexpgpu_cli.options import metrics_sinks as sinks_of
     from sexpgpu_cli.reporting import LogEvery, Reporter
     from sexpgpu_cli.slurm import take_srun_environment
@@ -148,23 +134,27 @@ def run(
     choose = parse_requests(requests)  # a malformed one is refused before any worker starts
     take_srun_environment()  # a task srun started is a rank, as a torchrun worker is
     every = LogEvery.parse(log_every)
-    worker = Worker(devices) if in_worker() else None
-    if worker is None and ((devices or 1) > 1 or max_restarts):
-        sys.exit(
-            launch(sys.argv[1:], devices=devices or 1, max_restarts=max_restarts, device=device)
-        )
+    asked, flags = requested(click.get_current_context(), plugin_options)
     target = Target(
         device=device,
         lowering=lowering or None,
         choose=choose,
-        # --threads is the torch lowering's recorded thread count, asked for by name
-        requests={
-            **({} if threads is None else {THREADS: str(threads)}),
-            **({} if shard is None else {SHARD_CHOICE: shard}),
-        },
-        options={THREADS: "--threads", SHARD_CHOICE: "--shard"},
+        requests=asked,
+        options=flags,
         fresh=choices == "fresh",
     )
+    worker = Worker(devices) if in_worker() else None
+    if worker is None and ((devices or 1) > 1 or max_restarts):
+        start = launcher_for(catalog(), target)  # the lowering's: torch's elastic agent
+        sys.exit(
+            launch(
+                sys.argv[1:],
+                devices=devices or 1,
+                max_restarts=max_restarts,
+                device=device,
+                start=start,
+            )
+        )
     selection = Selection(file, sets=parse_sets(sets), variant=variant, steps=steps)
     selection = selection.opened(catalog(), fresh=target.fresh)  # a bundle: unpacked, checked
     # First, before torch is imported: ATen and OpenMP read their settings when they start.
