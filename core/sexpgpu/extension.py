@@ -54,6 +54,7 @@ PUBLIC_API: Mapping[str, tuple[str, ...] | None] = {
     # and its signals
     "sexpgpu.catalog": ("Catalog",),
     "sexpgpu.opening": None,
+    "sexpgpu.batches": ("Batches", "open_batches"),
     "sexpgpu.session": None,
     # a source opener: the language's reader, and JSON read as a hostile file is
     "sexpgpu.lang.reader": ("Atom", "SList", "SVec", "read"),
@@ -674,14 +675,16 @@ class Evaluator(Protocol):
         trainer: Trainer,
         *,
         seed: int,
-        open_data: Callable[[Any, int], DataLoader],
+        open_batches: Callable[[Any, int], Any],
         stopping: Callable[[], bool],
         group: RankGroup | None = None,
     ) -> dict[str, float] | None:
         """Run ``eval_pass`` (a :class:`sexpgpu.lang.ir.EvalPass`) over its batches.
 
-        ``open_data(data_decl, seed)`` opens a loader; ``seed`` is the run's; the
-        ``group`` of several ranks shares the batches.
+        ``open_batches(eval_pass, seed)`` opens its :class:`sexpgpu.batches.Batches`
+        (``.loader``, and ``.made(batch, draw)``: the records the pass's generator makes,
+        when it has one); ``seed`` is the run's; the ``group`` of several ranks shares
+        the batches.
         Returns each metric's number, or ``None`` when ``stopping()`` became true
         before a batch (a signal): the pass then reports nothing.
         """

@@ -23,7 +23,9 @@ if TYPE_CHECKING:
     from sexpgpu.checkpoint.checkpointer import Checkpointer, LentExports
     from sexpgpu.extension import RankGroup, Storage
     from sexpgpu.metrics import MetricsStream
-    from sexpgpu.train import Run
+    from sexpgpu.session import Session
+    from sexpgpu.state import RunState
+    from sexpgpu.train import RunOptions
 
 
 def open_location(
@@ -82,50 +84,53 @@ class Outputs:
     """Where a person finds the run's events (the first sink that says where it writes)."""
 
     @classmethod
-    def open(cls, run: Run, moved: list[str]) -> Outputs:
-        """Open what ``run`` writes, say that it started (or resumed, with what moved
+    def open(
+        cls, *, options: RunOptions, session: Session, state: RunState, group: RankGroup,
+        storage: Storage | None, compile_seconds: float | None, moved: list[str], log: Any,
+    ) -> Outputs:  # fmt: skip
+        """Open what a run writes, say that it started (or resumed, with what ``moved``
         since its checkpoint), and name its experiment: a resumed run reports into the
         same one."""
         from sexpgpu.checkpoint.checkpointer import lent_exports
         from sexpgpu.metrics import MetricsStream, new_slug
 
-        session, options = run.session, run.options
         resumed = session.checkpoint
         slug = resumed.experiment["slug"] if resumed else new_slug(_stem(options.selection.file))
         run_dir = os.path.join(options.metrics_dir, slug)
         # a resumed checkpoint is not written again, unless it owes passes
-        written = run.step if resumed and not run.evals_pending else None
-        if not run.group.is_writer:  # rank 0 reports and writes for every rank
-            lent = lent_exports(run.trainer, run.storage, written)
+        written = state.step if resumed and not state.evals_pending else None
+        trainer = session.lowered.trainer if session.lowered else None
+        if not group.is_writer:  # rank 0 reports and writes for every rank
+            lent = lent_exports(trainer, storage, written)
             return cls(slug, run_dir, MetricsStream([], experiment=slug), _Unwritten(), lent, None)
-        outputs = cls._for_writer(run, slug, run_dir, written)
-        if resumed:
-            outputs.metrics.annotation(
-                run.step, "\n".join([f"resumed from {session.location}", *moved])
-            )
-        elif moved:  # a fresh start's choices made otherwise than its bundle's
-            outputs.metrics.annotation(run.step, "\n".join(moved))
-        fields = {} if run.compile_seconds is None else {"compile_seconds": run.compile_seconds}
-        run.log.info(
+        outputs = cls._for_writer(options, session, state.step, storage, slug, run_dir, written)
+        if resumed or moved:  # resumed, or a fresh start's choices made otherwise than its source's
+            lines = [f"resumed from {session.location}"] if resumed else []
+            outputs.metrics.annotation(state.step, "\n".join([*lines, *moved]))
+        fields = {} if compile_seconds is None else {"compile_seconds": compile_seconds}
+        log.info(
             "run started" if not resumed else "run resumed",
             file=options.selection.file,
             slug=slug,
             device=options.target.device,
-            parameters=sum(math.prod(p.type.shape) for p in run.program.params),
-            steps=run.program.steps,
-            step=run.step,
+            parameters=sum(math.prod(p.type.shape) for p in session.program.params),
+            steps=session.program.steps,
+            step=state.step,
             choices=dict(session.made),
             **fields,
         )
         return outputs
 
     @classmethod
-    def _for_writer(cls, run: Run, slug: str, run_dir: str, written: int | None) -> Outputs:
+    def _for_writer(
+        cls, options: RunOptions, session: Session, step: int, storage: Storage | None,
+        slug: str, run_dir: str, written: int | None,
+    ) -> Outputs:  # fmt: skip
         from sexpgpu.checkpoint.checkpointer import Checkpointer
         from sexpgpu.metrics import MetricsStream, open_sinks
         from sexpgpu.status import StatusFile, run_identity
 
-        options, session = run.options, run.session
+        catalog, program = session.catalog, session.program
         made = _missing_folders(run_dir)
         try:
             os.makedirs(run_dir, exist_ok=True)
@@ -137,32 +142,32 @@ class Outputs:
         names = list(options.metrics_sinks)
         there = set(os.listdir(run_dir))
         try:
-            sinks = open_sinks(names, options.metrics_dir, slug, run.catalog)
+            sinks = open_sinks(names, options.metrics_dir, slug, catalog)
         except BaseException:
             _take_back(run_dir, made, there)
             raise
         metrics = MetricsStream(sinks, experiment=slug)
-        where = [run.catalog.metrics_sink(name).location for name in names]
+        where = [catalog.metrics_sink(name).location for name in names]
         found = [at(options.metrics_dir, slug) for at in where if at is not None]
         status = StatusFile(os.path.join(run_dir, STATUS_FILE))
         resumed_from = session.location if session.checkpoint else None
         status.update(
             state="running",
-            step=run.step,
+            step=step,
             checkpoint=resumed_from,
             slug=slug,
-            **run_identity(options.selection.file, run.program, session.made),
+            **run_identity(options.selection.file, program, session.made),
         )
         checkpointer = None
-        if run.storage is not None:
-            keep = options.keep_last if options.keep_last is not None else run.program.run.keep_last
+        if storage is not None:
+            keep = options.keep_last if options.keep_last is not None else program.run.keep_last
             checkpointer = Checkpointer(
-                run.storage,
-                run.trainer,
+                storage,
+                session.lowered.trainer,
                 metrics=metrics,
                 status=status,
                 keep_last=keep,
-                passes=[(p.name, p.every) for p in run.program.evals],
+                passes=[(p.name, p.every) for p in program.evals],
                 resumed_from=resumed_from,
                 written_step=written,
             )
@@ -177,38 +182,36 @@ class Outputs:
             return self.checkpointer.last
         return self.resumed_from
 
-    def checkpoint(self, run: Run, *, finished: bool) -> None:
-        """Checkpoint ``run`` at its step: snapshot now, written and reported in the
+    def checkpoint(
+        self, state: RunState, *, session: Session, group: RankGroup, finished: bool
+    ) -> None:
+        """Checkpoint the run at ``state``: snapshot now, written and reported in the
         background (waited for when ``finished``)."""
         from sexpgpu import checkpoint as ckpt
         from sexpgpu.session import state_names_for
 
-        def state() -> dict[str, Any]:
-            return ckpt.state_record(
-                step=run.step,
-                stage=run.stage,
-                records=run.records,
-                counters=run.counters,
-                loader=run.loader.position() if run.loader is not None else None,
-                seed=run.program.run.seed,
-                evals_pending=run.evals_pending,
-            )
+        program = session.program
 
         def experiment() -> dict[str, Any]:
             return ckpt.experiment_record(
-                run.program,
-                choices=run.session.made,
+                program,
+                choices=session.made,
                 slug=self.slug,
-                devices=run.group.size,
-                nodes=run.group.nodes,
+                devices=group.size,
+                nodes=group.nodes,
                 finished=finished,
-                state_names=state_names_for(run.program, run.stage, run.catalog),
-                loaded=run.session.loaded,
-                root=run.session.root,
+                state_names=state_names_for(program, state.stage, session.catalog),
+                loaded=session.loaded,
+                root=session.root,
             )
 
         assert self.checkpointer is not None
-        self.checkpointer.save(run.step, state=state, experiment=experiment, wait=finished)
+        self.checkpointer.save(
+            state.step,
+            state=lambda: state.record(program.run.seed),
+            experiment=experiment,
+            wait=finished,
+        )
 
     def wait_for_checkpoint(self) -> None:
         """Return once the checkpoint being written is stored (raises if it failed)."""

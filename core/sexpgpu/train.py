@@ -13,22 +13,26 @@ from __future__ import annotations
 import contextlib
 import os
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from sexpgpu.batches import StageBatches, open_batches
 from sexpgpu.errors import CheckpointError, RunError, SexpError, StorageError
-from sexpgpu.extension import RankGroup
+from sexpgpu.extension import Evaluator, RankGroup, Storage, Trainer
 from sexpgpu.lang.schedule import lr_at
 from sexpgpu.log import get_logger
 from sexpgpu.opening import Selection, Target, open_request
-from sexpgpu.outputs import Quiet, Reporter
-from sexpgpu.ranks import SOLO, StopAgreement, check_batches, check_replicas, join_group, next_part
-from sexpgpu.session import Session, evaluator, open_loader
+from sexpgpu.outputs import Outputs, Quiet, Reporter
+from sexpgpu.ranks import SOLO, StopAgreement, check_batches, check_replicas, join_group
+from sexpgpu.session import Session, evaluator
 from sexpgpu.signals import StopWatch, interruption, process_watch
+from sexpgpu.state import RunState
 
 if TYPE_CHECKING:
     from sexpgpu.catalog import Catalog
+    from sexpgpu.lang.ir import Program
+    from sexpgpu.metrics import MetricsStream
 
 DEFAULT_METRICS_DIR = "./sexpgpu-runs"
 
@@ -100,7 +104,30 @@ class Run:
         """Set when the checkpoint resumed from is past the last step: nothing to do."""
         self.group: RankGroup = SOLO
         """This process's ranks: :data:`~sexpgpu.ranks.SOLO` unless a launcher started several."""
-        self.step = 0
+        self.state = RunState()
+        """Where the run is: the last committed step's state, what a checkpoint records."""
+        self.options: RunOptions | None = None
+        self.watch: StopWatch | None = None
+        self.stops: StopAgreement | None = None
+        self.storage: Storage | None = None
+        self.session: Session | None = None
+        self.program: Program | None = None
+        self.trainer: Trainer | None = None
+        self.batches: StageBatches | None = None
+        self.outputs: Outputs | None = None
+        self.metrics: MetricsStream | None = None
+        self.status: Any = None
+        self.reporter: Reporter = Quiet()
+        self.evaluator: Evaluator | None = None
+        self.compile_seconds: float | None = None
+        self.unreported: tuple[int, Any, float] | None = None
+        """A step whose loss is still on the device (see :meth:`train`)."""
+        self.failing_as: str | None = None
+        """What a failure is named by, when not a step (an eval pass)."""
+
+    @property
+    def step(self) -> int:
+        return self.state.step
 
     # ------------------------------------------------------------------ setup
 
@@ -127,9 +154,9 @@ class Run:
             nodes=self.group.nodes,
         )
         program = self.program = session.program
-        self._take_state(session.state)
+        self.state = RunState.of(session.state, program.run.counters)
         check_batches(program, self.group)
-        if session.checkpoint and self.step >= program.steps and not self.evals_pending:
+        if session.checkpoint and self.step >= program.steps and not self.state.evals_pending:
             # A finished run started again changes nothing: no event, no status write.
             self.already_finished = (
                 f"finished: {session.location} is step {self.step} of {program.steps}; "
@@ -141,44 +168,26 @@ class Run:
             session.use_group(self.group)
         self.compile_seconds = self.trainer.warm_up()  # a compiling lowering pays it now
         moved = session.moved + session.fill()
-        # Data: one loader per stage, opened when the stage starts.
-        self.loader, self.loader_stage = None, -1
+        # Data: the batches of the stage the next step is in, opened as it starts.
+        self.batches = StageBatches(
+            self.catalog, program, self.trainer, self.group, self.stops.pass_may_stop
+        )
         if self.step < program.steps:
             next_stage, _ = program.stage_of(self.step + 1)
-            self._open_stage_loader(next_stage)
-            if next_stage == self.stage and session.state.get("loader") is not None:
-                self.loader.restore(session.state["loader"])
+            same = next_stage == self.state.stage
+            self.batches.start(next_stage, self.state.loader if same else None)
         # From here on a signal stops the run at a step boundary instead of at once,
         # so the status file and the metrics stream always see how it ended.
         watch.interrupt_if_stopping()  # a signal whose exception was swallowed on the way
         watch.loop_started()
-        self._open_outputs(moved)
-
-    def _take_state(self, state: Mapping[str, Any]) -> None:
-        """Where the run is: a checkpoint's ``state.json``, or ``{}`` for a fresh start."""
-        self.step = int(state.get("step", 0))
-        self.stage = int(state.get("stage", 0))
-        self.records = int(state.get("records", 0))
-        self.evals_pending: list[str] = list(state.get("evals_pending", []))
-        self.counters = {name: 0 for name in self.program.run.counters}
-        self.counters.update({k: int(v) for k, v in state.get("counters", {}).items()})
-
-    def _open_outputs(self, moved: list[str]) -> None:
-        """Metrics, the status file, the checkpointer and the reporter; a resumed run
-        reports into the same experiment."""
-        from sexpgpu.outputs import Outputs
-
-        self.outputs = Outputs.open(self, moved)
+        self.outputs = Outputs.open(
+            options=options, session=session, state=self.state, group=self.group,
+            storage=self.storage, compile_seconds=self.compile_seconds, moved=moved, log=self.log,
+        )  # fmt: skip
         self.metrics, self.status = self.outputs.metrics, self.outputs.status
-        self.checkpointer = self.outputs.checkpointer
-        self.reporter = self.options.reporter(
-            self.program.steps, self.step, self.counters.get("tokens")
+        self.reporter = options.reporter(
+            program.steps, self.step, self.state.counters.get("tokens")
         )
-
-    def _open_stage_loader(self, stage: int) -> None:
-        decl = self.program.stages[stage].data
-        self.loader_info, self.loader = open_loader(self.catalog, decl, self.program.run.seed)
-        self.loader_stage = stage
 
     # ------------------------------------------------------------------ loop
 
@@ -191,21 +200,19 @@ class Run:
         # step late, once the next step is queued, so a step costs no host sync for
         # its metrics; anything said of a step (a pass, a checkpoint, a stop, an end)
         # reports that step's loss first, so the events keep their order.
-        self.unreported: tuple[int, Any, float] | None = None
-        self.failing_as: str | None = None  # what a failure is named by, when not a step
         try:
             # the eval plugin is asked before the first step, so a conflict or a missing
             # plugin never surfaces hours in, at the first pass
             self.evaluator = evaluator(self.catalog) if program.evals else None
-            if self.evals_pending:  # passes a signal stopped before they reported
-                self._evaluate(self.step, self.evals_pending)
+            if self.state.evals_pending:  # passes a signal stopped before they reported
+                self._evaluate(self.step, self.state.evals_pending)
             if self.stops.stopping():
                 return self._interrupted()
             while self.step < total:
                 step = self.step + 1
                 stage, step_in_stage = program.stage_of(step)
                 decl = program.stages[stage]
-                batch = self._take_batch(step, stage)
+                batch = self.batches.take(step, stage)
                 if batch is None:  # a signal abandoned its generation: nothing was counted
                     return self._interrupted(generating=True)
                 lr = lr_at(decl.optimizer, step_in_stage, decl.steps)
@@ -214,15 +221,15 @@ class Run:
                 if program.run.guard_finite:
                     self._guard(proposal)
                 self.trainer.commit(proposal)
-                self.step, self.stage = step, stage
-                self._count(batch)
+                added = self.batches.counted(batch, self.state.counters)
+                self.state = self.state.stepped(step, stage, added, self.batches.position())
                 self.unreported = (step, proposal, lr)
                 if not self.trainer.reads_loss_late:
                     self._report_unreported()
                 self._maybe_evaluate(step)
                 # A last step whose pass a signal stopped is no finished run: the
                 # pass stays pending in its checkpoint and the resume runs it.
-                ended = step == total and not self.evals_pending
+                ended = step == total and not self.state.evals_pending
                 every = program.run.checkpoint_every
                 if step == total or (every and step % every == 0):
                     self._checkpoint(finished=ended)
@@ -257,34 +264,6 @@ class Run:
             at = self.failing_as or f"step {self.step + 1}"
             return self._failed(f"{at}: {line} (traceback in {where})")
 
-    def _take_batch(self, step: int, stage: int) -> Mapping[str, Any] | None:
-        """This rank's part of step ``step``'s batch, or the records its stage's generator
-        makes from it; ``None`` when a signal abandons the generation. The abandoned
-        step's prompts then go back to the loader, and a loader opened for its stage
-        gives way to the stage before's again: the step kept is checkpointed with the
-        loader a run never stopped has there, and the resume takes the same prompts."""
-        kept_loader = None
-        if stage != self.loader_stage:
-            kept_loader = (self.loader_info, self.loader, self.loader_stage)
-            self._open_stage_loader(stage)
-        generator = self.program.stages[stage].generator
-        given = self.loader.position() if generator else None
-        batch = next_part(self.loader, self.group)  # this rank's rows of it
-        if generator is None:
-            return batch
-        records = self.trainer.generate(
-            generator,
-            batch,
-            seed=self.program.run.seed,
-            draw=("step", step),
-            stopping=self.stops.pass_may_stop,
-        )
-        if records is None:
-            self.loader.restore(given)
-            if kept_loader is not None:
-                self.loader_info, self.loader, self.loader_stage = kept_loader
-        return records
-
     def _guard(self, proposal: Any) -> None:
         """The finite guard: refuse a proposal with a value that is not finite. The
         ranks' verdicts are agreed (one collective), so every rank stops or none."""
@@ -317,34 +296,21 @@ class Run:
             return
         self.metrics.point(step, "loss", loss)
         self.metrics.point(step, "lr", lr)
-        for name, value in self.counters.items():
+        for name, value in self.state.counters.items():
             self.metrics.point(step, name, value)
-        self.reporter.step(step, loss, lr, self.counters.get("tokens"))
+        self.reporter.step(step, loss, lr, self.state.counters.get("tokens"))
         self.status.progress(step)
-
-    def _count(self, batch: Mapping[str, Any]) -> None:
-        # this rank's part of the step's batch: the ranks' parts are of one size
-        first, size = next(iter(batch.values())), self.group.size
-        records = (int(first.shape[0]) if getattr(first, "shape", ()) else 1) * size
-        self.records += records
-        if "records" in self.counters:
-            self.counters["records"] += records
-        if "tokens" in self.counters:
-            self.counters["tokens"] += int(batch[self.loader_info.tokens_field].size) * size
-        if "generated" in self.counters and "completion-mask" in batch:
-            made = float(batch["completion-mask"].sum())
-            self.counters["generated"] += int(self.group.sum([made])[0])
 
     def _maybe_evaluate(self, step: int) -> None:
         due = [p.name for p in self.program.evals if p.every and step % p.every == 0]
         if due:
             self._evaluate(step, due)
 
-    def _evaluate(self, step: int, names: list[str]) -> None:
+    def _evaluate(self, step: int, names: Sequence[str]) -> None:
         """Ask the eval plugin to run the named passes, as storage is asked to write;
         one a signal stops reports nothing and stays in ``evals_pending``."""
         self._report_unreported()
-        self.evals_pending = list(names)
+        self.state = self.state.owing(names)
         assert self.evaluator is not None  # train() asked for it: the program has passes
         for eval_pass in [p for p in self.program.evals if p.name in names]:
             self.failing_as = f"the pass '{eval_pass.name}' after step {step}"
@@ -353,7 +319,14 @@ class Run:
                     eval_pass,
                     self.trainer,
                     seed=self.program.run.seed,
-                    open_data=lambda decl, seed: open_loader(self.catalog, decl, seed)[1],
+                    open_batches=lambda p, seed: open_batches(
+                        self.catalog,
+                        p.data,
+                        trainer=self.trainer,
+                        generator=p.generator,
+                        seed=seed,
+                        stopping=self.stops.pass_may_stop,
+                    ),
                     stopping=self.stops.pass_may_stop,
                     group=self.group,
                 )
@@ -368,15 +341,19 @@ class Run:
             for name, value in numbers.items():
                 self.metrics.point(step, f"{eval_pass.name}/{name}", value)
             self.reporter.evaluated(step, eval_pass.name, numbers)
-            self.evals_pending.remove(eval_pass.name)
+            self.state = self.state.owing(
+                [n for n in self.state.evals_pending if n != eval_pass.name]
+            )
 
     # ------------------------------------------------------------ checkpoints
 
     def _checkpoint(self, *, finished: bool) -> None:
         """Checkpoint the current step (written and reported in the background)."""
-        if self.checkpointer is not None:
+        if self.outputs.checkpointer is not None:
             self._report_unreported()
-            self.outputs.checkpoint(self, finished=finished)
+            self.outputs.checkpoint(
+                self.state, session=self.session, group=self.group, finished=finished
+            )
 
     # ---------------------------------------------------------------- endings
 
@@ -384,7 +361,7 @@ class Run:
         # The spec's order: the stop is named and reported, then its checkpoint written.
         self._report_unreported()
         name, signum = self.stops.settle()
-        passes = [p for p in self.program.evals if p.name in self.evals_pending]
+        passes = [p for p in self.program.evals if p.name in self.state.evals_pending]
         tail = " while generating" if generating or any(p.generator for p in passes) else ""
         self.metrics.annotation(self.step, f"interrupted by {name} at step {self.step}{tail}")
         if self.step > 0:

@@ -20,6 +20,7 @@ from typing import Any
 
 import click
 
+from sexpgpu.batches import open_batches
 from sexpgpu.checkpoint import (
     EXPERIMENT_FILE,
     location_of,
@@ -36,7 +37,7 @@ from sexpgpu.checkpoint.evaluated import (
 from sexpgpu.errors import CheckpointError, RunError
 from sexpgpu.extension import Evaluator, Storage
 from sexpgpu.log import get_logger
-from sexpgpu.session import CheckpointOpener, Opened, open_loader
+from sexpgpu.session import CheckpointOpener, Opened
 
 E_UNDELIVERED = "E-EVAL-004"
 """A pass's points that did not reach every sink: the step is not marked evaluated."""
@@ -170,7 +171,14 @@ class Evaluation:
                 eval_pass,
                 opened.trainer,
                 seed=opened.program.run.seed,
-                open_data=lambda decl, seed: open_loader(catalog, decl, seed)[1],
+                open_batches=lambda p, seed, trainer=opened.trainer: open_batches(
+                    catalog,
+                    p.data,
+                    trainer=trainer,
+                    generator=p.generator,
+                    seed=seed,
+                    stopping=self.stopping,
+                ),
                 stopping=self.stopping,
             )
             if numbers is None:

@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from sexpgpu.extension import DataLoader, EvalMetricInfo, RankGroup, Trainer
+from sexpgpu.batches import Batches
+from sexpgpu.extension import EvalMetricInfo, RankGroup, Trainer
 
 EVAL_SEED_OFFSET = 1
 """Eval data is its own stream, seeded ``run seed + 1``: the same batches at every
@@ -25,7 +26,7 @@ class PassRunner:
         trainer: Trainer,
         *,
         seed: int,
-        open_data: Callable[[Any, int], DataLoader],
+        open_batches: Callable[[Any, int], Batches],
         stopping: Callable[[], bool],
         group: RankGroup | None = None,
     ) -> dict[str, float] | None:
@@ -37,30 +38,23 @@ class PassRunner:
         but its own rank's is zero, so each value comes through exact), and every
         rank sums them in batch order: one rank's numbers, to the bit, when each
         batch computes as it does alone."""
-        loader = open_data(eval_pass.data, seed + EVAL_SEED_OFFSET)
+        # its data and its generator's draws: the same at every pass
+        source = open_batches(eval_pass, seed + EVAL_SEED_OFFSET)
         batches = max(1, eval_pass.batches)
         rank, size = (group.rank, group.size) if group is not None else (0, 1)
         if batches < size and getattr(trainer, "evaluates_together", False):
             rank, size = 0, 1  # its first evaluate is a collective: every rank runs every batch
         names = list(eval_pass.metrics)
         values = [0.0] * (batches * len(names))  # batch by batch, metric by metric
-        generator = getattr(eval_pass, "generator", None)
         for index in range(batches):
             if stopping():
                 return None  # a pass in flight stops at its next batch and reports nothing
-            batch = loader.next_batch()  # every rank reads the stream, in order
+            batch = source.loader.next_batch()  # every rank reads the stream, in order
             if index % size != rank:
                 continue
-            if generator is not None:  # its draws: the same at every pass, as its data
-                batch = trainer.generate(
-                    generator,
-                    batch,
-                    seed=seed + EVAL_SEED_OFFSET,
-                    draw=("batch", index),
-                    stopping=stopping,
-                )
-                if batch is None:
-                    return None  # abandoned between two trips
+            batch = source.made(batch, ("batch", index))
+            if batch is None:
+                return None  # its generation abandoned between two trips
             numbers = trainer.evaluate(eval_pass.name, batch)
             for k, name in enumerate(names):
                 values[index * len(names) + k] = numbers[name]

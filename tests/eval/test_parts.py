@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from sexpgpu.batches import Batches
 from sexpgpu.checkpoint.evaluated import read_evaluated, write_evaluated
 from sexpgpu.errors import CheckpointError
 from sexpgpu_eval.passes import PassRunner
@@ -56,26 +57,31 @@ class Counting:
         return {"x": np.array(self.at)}
 
 
+def counting() -> Batches:
+    """A pass's batches: the counting loader's, made into nothing else (no generator)."""
+    return Batches(None, Counting(), None, None, 0, lambda: False)  # type: ignore[arg-type]
+
+
 def test_the_runner_averages_then_finishes_and_stops_before_a_batch():
     from sexpgpu.extension import EvalMetricInfo
 
     runner = PassRunner({"ppl": EvalMetricInfo("ppl", "loss", lambda mean: mean * 10)})
     opened = []
 
-    def open_data(decl, seed):
-        opened.append((decl, seed))
-        return Counting()
+    def open_data(eval_pass, seed):
+        opened.append((eval_pass.data, seed))
+        return counting()
 
     trainer = FakeTrainer()
     numbers = runner.run_pass(
-        FakePass(), trainer, seed=7, open_data=open_data, stopping=lambda: False
+        FakePass(), trainer, seed=7, open_batches=open_data, stopping=lambda: False
     )
     assert numbers == {"loss": 2.0, "ppl": 20.0}
     assert opened == [("held", 8)]  # eval data is its own stream: the run's seed + 1
     calls = iter([False, True])
     trainer = FakeTrainer()
     stopped = runner.run_pass(
-        FakePass(), trainer, seed=7, open_data=open_data, stopping=lambda: next(calls)
+        FakePass(), trainer, seed=7, open_batches=open_data, stopping=lambda: next(calls)
     )
     assert stopped is None and len(trainer.batches) == 1
 
@@ -95,7 +101,11 @@ class HalfOfTwo:
 def test_two_ranks_share_a_pass_out_and_give_one_process_numbers():
     runner = PassRunner({})
     alone = runner.run_pass(
-        FakePass(), FakeTrainer(), seed=7, open_data=lambda d, s: Counting(), stopping=lambda: False
+        FakePass(),
+        FakeTrainer(),
+        seed=7,
+        open_batches=lambda p, s: counting(),
+        stopping=lambda: False,
     )
     second, first = FakeTrainer(), FakeTrainer()
     one = HalfOfTwo(1)
@@ -103,7 +113,7 @@ def test_two_ranks_share_a_pass_out_and_give_one_process_numbers():
         FakePass(),
         second,
         seed=7,
-        open_data=lambda d, s: Counting(),
+        open_batches=lambda p, s: counting(),
         stopping=lambda: False,
         group=one,
     )
@@ -111,7 +121,7 @@ def test_two_ranks_share_a_pass_out_and_give_one_process_numbers():
         FakePass(),
         first,
         seed=7,
-        open_data=lambda d, s: Counting(),
+        open_batches=lambda p, s: counting(),
         stopping=lambda: False,
         group=HalfOfTwo(0, other=one.sent),
     )
@@ -208,7 +218,7 @@ def test_a_trainer_that_evaluates_together_gets_a_call_on_every_rank(batches, sp
         Pass(),
         second,
         seed=7,
-        open_data=lambda d, s: Counting(),
+        open_batches=lambda p, s: counting(),
         stopping=lambda: False,
         group=HalfOfTwo(1),
     )
