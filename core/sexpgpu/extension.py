@@ -5,6 +5,11 @@ A descriptor is a small frozen dataclass that can be built without importing
 anything heavy; its ``factory`` does the real work when the thing is used. The
 call contracts (a kernel per kind, an optimizer's update) are written here without
 any lowering's tensor type, so that every lowering follows the same ones.
+
+A protocol's optional members are declared on it with their defaults (:data:`OPTIONAL`):
+a plugin's class that subclasses the protocol inherits them, and the core gives any
+other object the defaults it lacks where it takes it from a plugin
+(:func:`with_defaults`), so that no caller asks an object what it has.
 """
 
 from __future__ import annotations
@@ -14,7 +19,8 @@ import importlib.util
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from types import FunctionType
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 if TYPE_CHECKING:
     import numpy as np
@@ -94,10 +100,10 @@ class Trainer(Protocol):
     Optimizer states belong to a stage: entering a stage whose optimizer
     differs starts its states afresh.
 
-    Four abilities are optional, with defaults here that a trainer inherits by
-    subclassing this protocol: :meth:`use_group` (training as one rank of
-    several, with :attr:`exports_together`), :meth:`warm_up` (compiling before the first step),
-    :attr:`reads_loss_late` (a loss that waits for the device) and :meth:`generate`.
+    Four abilities are optional, with defaults here (:data:`OPTIONAL`): :meth:`use_group`
+    (training as one rank of several, with :attr:`exports_together`), :meth:`warm_up`
+    (compiling before the first step), :attr:`reads_loss_late` (a loss that waits for the
+    device) and :meth:`generate`.
     """
 
     choices: Mapping[str, str]
@@ -408,6 +414,10 @@ class OptimizerUpdate(Protocol):
         the optimizer's defaults overridden by the `.sx` file's; ``decay[i]`` whether
         parameter ``i`` takes weight decay. New parameters keep their inputs' dtypes."""
 
+    elementwise: bool = False
+    """True when each new element comes from the same element alone (of the parameter,
+    its gradient and its states): a run sharded ``full`` needs it."""
+
 
 @dataclass(frozen=True)
 class OptimizerInfo:
@@ -447,13 +457,29 @@ class Storage(Protocol):
     (``step-00000004/params.safetensors``); a folder is a prefix of keys, never written
     itself. Every method raises :class:`sexpgpu.errors.StorageError` with one clear line
     and a code of :mod:`sexpgpu.checkpoint.storage` on failure: a missing object read is
-    ``E-STORAGE-003``. Optional, looked up by name: ``read_range_into`` and a
-    ``crc32c`` argument (below), and ``remove_temporaries(prefix)`` for a backend whose
-    cut-off writes leave files of their own under ``prefix`` (the local one's).
+    ``E-STORAGE-003``. Three members are optional, with defaults here (:data:`OPTIONAL`):
+    :attr:`takes_crc32c`, :attr:`read_range_into` and :meth:`remove_temporaries`.
     """
 
     uri: str
     """The location as the user wrote it, normalised (no trailing slash)."""
+
+    takes_crc32c: bool = False
+    """True when ``write_many`` also takes ``crc32c: Mapping[str, str] | None = None``,
+    each key's CRC32C (base64 of its 4 big-endian bytes, as S3 and GCS write it), so
+    that the service verifies the upload (the S3 and GCS backends): the checksums are
+    then computed before the call, else while ``write_many(items)`` runs."""
+
+    read_range_into: Callable[[str, int, memoryview], int] | None = None
+    """``read_range_into(key, start, buffer)``: fill ``buffer`` with the bytes of ``key``
+    from ``start`` and return how many there were (fewer at the end), which spares a
+    copy of every tensor ``:load`` reads (the local backend has it); ``None``: every
+    read goes through ``read_range``."""
+
+    def remove_temporaries(self, prefix: str = "") -> None:
+        """Remove what cut-off writes left under ``prefix`` (the local backend's temporary
+        files), once no write there is running. By default nothing: an object store's
+        upload appears only when it is complete."""
 
     def describe(self) -> str:
         """A one-line description for messages: the location and the credential source, no secrets."""
@@ -476,20 +502,14 @@ class Storage(Protocol):
     def read_range(self, key: str, start: int, length: int) -> bytes:
         """``length`` bytes of ``key`` from ``start`` (fewer, maybe none, at the end).
 
-        ``:load`` reads a safetensors header and each tensor with one call each. A
-        backend may also offer ``read_range_into(key, start, buffer) -> int``, filling
-        a writable buffer and returning the bytes read, which spares a copy of every
-        tensor (the local backend does); it is optional and looked up by name."""
+        ``:load`` reads a safetensors header and each tensor with one call each."""
 
     def write(self, key: str, data: bytes | memoryview) -> None:
         """Store ``data`` at ``key`` durably, all or nothing, replacing what was there."""
 
     def write_many(self, items: Mapping[str, bytes | memoryview]) -> None:
         """Store several objects concurrently; returns once every one is stored, else
-        raises the first failure once all have ended. A backend whose ``write_many``
-        also takes ``crc32c: Mapping[str, str] | None = None`` is handed each key's
-        CRC32C (base64 of its 4 big-endian bytes, as S3 and GCS write it) to have the
-        service verify the upload (the S3 and GCS backends do)."""
+        raises the first failure once all have ended (with checksums: :attr:`takes_crc32c`)."""
 
     def delete(self, key: str) -> None:
         """Remove the object at ``key`` (no error when it is not there)."""
@@ -579,6 +599,12 @@ class MetricsSink(Protocol):
     def close(self) -> None:
         """Flush and release resources; called once after the last write."""
 
+    @property
+    def name(self) -> str:
+        """How a run's summary names the sink (``undelivered_by_sink``); by default its
+        class's name."""
+        return type(self).__name__
+
 
 @dataclass(frozen=True)
 class MetricsSinkInfo:
@@ -597,8 +623,7 @@ class MetricsSinkInfo:
 
 
 class DataLoader(Protocol):
-    """An open data source: yields batches and can say and restore where it is; it may
-    build one of ``parts`` blocks of a batch's rows alone (``next_part(part, parts)``)."""
+    """An open data source: yields batches and can say and restore where it is."""
 
     def next_batch(self) -> dict[str, np.ndarray]:
         """The next batch, one array per field declared by the source's ``fields``."""
@@ -609,6 +634,14 @@ class DataLoader(Protocol):
     def restore(self, position: Mapping[str, Any]) -> None:
         """Go back to a saved position, so that the batches that follow are the ones
         that would have come."""
+
+    def next_part(self, part: int, parts: int) -> dict[str, np.ndarray]:
+        """Block ``part`` of ``parts`` equal blocks of the next batch's rows, moving the
+        position as ``next_batch`` does (a rank's share). Optional: by default cut from
+        the whole batch; a loader that can build a block alone does."""
+        batch = self.next_batch()
+        share = len(next(iter(batch.values()))) // parts
+        return {name: rows[part * share : (part + 1) * share] for name, rows in batch.items()}
 
 
 @dataclass(frozen=True)
@@ -698,3 +731,44 @@ class EvaluatorInfo:
     name: str
     factory: Callable[[Mapping[str, EvalMetricInfo]], Evaluator]
     doc: str = ""
+
+
+# ---------------------------------------------------------------- optional members
+
+OPTIONAL: Mapping[type, tuple[str, ...]] = {
+    Trainer: (
+        *("reads_loss_late", "exports_together", "holds_replicas", "evaluates_together"),
+        *("use_group", "warm_up", "generate"),
+    ),
+    Storage: ("takes_crc32c", "read_range_into", "remove_temporaries"),
+    DataLoader: ("next_part",),
+    OptimizerUpdate: ("elementwise",),
+    MetricsSink: ("name",),
+}
+"""Each protocol's optional members, whose defaults its class holds."""
+
+P = TypeVar("P")
+
+
+def with_defaults(obj: Any, protocol: type[P]) -> P:
+    """``obj``, built by a plugin to follow ``protocol``, with every optional member:
+    itself when its class subclasses the protocol (it inherits the defaults), else a
+    view of it that adds the default of each one it lacks. The core calls it once,
+    where it takes the object from the plugin."""
+    return obj if protocol in type(obj).__mro__ else _WithDefaults(obj, protocol)  # type: ignore[return-value]
+
+
+class _WithDefaults:
+    """An object that does not subclass its protocol: its own members, and the default
+    of each optional one it lacks, bound to the object as if it had inherited it."""
+
+    def __init__(self, inner: Any, protocol: type) -> None:
+        self._inner = inner
+        for name in OPTIONAL[protocol]:
+            if not hasattr(inner, name):  # the one look-up by name, at the boundary
+                default = vars(protocol)[name]
+                bound = isinstance(default, (FunctionType, property))
+                self.__dict__[name] = default.__get__(inner) if bound else default
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
