@@ -145,7 +145,7 @@ def run(
     )
     worker = Worker(devices) if in_worker() else None
     if worker is None and ((devices or 1) > 1 or max_restarts):
-        start = launcher_for(catalog(), target)  # the lowering's: torch's elastic agent
+        start = launcher_for(catalog(), target)  # LoweringInfo.launch of the run's lowering
         sys.exit(
             launch(
                 sys.argv[1:],
@@ -184,7 +184,7 @@ def run(
         outcome = run_file(options, catalog())
     code, message = outcome.exit_code, outcome.message
     if worker is not None:
-        code, message = worker.finish(code, message)
+        code, message = worker.finish(code, message, outcome.code)
     if message:
         click.echo(f"sexpgpu run: {message}", err=True)
     sys.exit(code)
