@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sexpgpu.errors import PluginError, UsageError
+from sexpgpu.extension import E_GROUP
 
 if TYPE_CHECKING:
     from sexpgpu.catalog import Catalog
@@ -101,17 +102,20 @@ class Worker:
         try:
             return run_file(options, catalog)
         except SexpError as error:
-            if self.rank == 0 or error.code == "E-DP-003":
+            if self.rank == 0 or error.code == E_GROUP:
                 raise
             sys.exit(error.exit_code)
 
-    def finish(self, code: int, message: str | None) -> tuple[int, str | None]:
-        """The exit code and the line this rank ends with. Rank 0 says how the run
+    def finish(
+        self, code: int, message: str | None, error: str | None = None
+    ) -> tuple[int, str | None]:
+        """The exit code and the line this rank ends with, from the run's outcome (and
+        the code of the error it failed with, if any). Rank 0 says how the run
         ended; another rank only that it lost the group, or what failed in it alone
         (an op or a bug: its line names the traceback it kept), named by its rank.
         Interrupted under this launcher, every rank exits 0 (no restart) and rank 0
         leaves the code."""
-        shown = message if self.rank == 0 or (message and "E-DP-003" in message) else None
+        shown = message if self.rank == 0 or error == E_GROUP else None
         if self.rank != 0 and message and "(traceback in " in message:
             shown = f"rank {self.rank}: {message}"
         if code > 128 and self.folder is not None:

@@ -6,10 +6,9 @@ anything heavy; its ``factory`` does the real work when the thing is used. The
 call contracts (a kernel per kind, an optimizer's update) are written here without
 any lowering's tensor type, so that every lowering follows the same ones.
 
-A protocol's optional members are declared on it with their defaults (:data:`OPTIONAL`):
-a plugin's class that subclasses the protocol inherits them, and the core gives any
-other object the defaults it lacks where it takes it from a plugin
-(:func:`with_defaults`), so that no caller asks an object what it has.
+A protocol's optional members (:data:`OPTIONAL`) have their defaults on it: a class
+that subclasses it inherits them, and any other object gets them where the core takes
+it from its plugin (:func:`with_defaults`), so that no caller asks what an object has.
 """
 
 from __future__ import annotations
@@ -199,6 +198,10 @@ class Trainer(Protocol):
         """Run an eval pass's graph on one batch (no dropout, no gradients); each metric's value."""
 
 
+E_GROUP = "E-DP-003"
+"""The code of ranks no longer together (one gone, or holding different bytes)."""
+
+
 @runtime_checkable
 class RankGroup(Protocol):
     """The ranks of a data-parallel run, one process each, as a lowering joins them.
@@ -207,7 +210,7 @@ class RankGroup(Protocol):
     uses the group for what the ranks must agree on: whether to stop after a step,
     the finite guard's verdict, and that the ranks still hold the same bytes. Only the writer (rank 0) writes
     checkpoints, metrics and the status file. Every collective raises
-    :class:`sexpgpu.errors.RunError` (``E-DP-003``) when a rank is gone.
+    :class:`sexpgpu.errors.RunError` (:data:`E_GROUP`) when a rank is gone.
     """
 
     rank: int
@@ -415,8 +418,7 @@ class OptimizerUpdate(Protocol):
         parameter ``i`` takes weight decay. New parameters keep their inputs' dtypes."""
 
     elementwise: bool = False
-    """True when each new element comes from the same element alone (of the parameter,
-    its gradient and its states): a run sharded ``full`` needs it."""
+    """Whether each new element comes from the same element alone (``:shard full`` needs it)."""
 
 
 @dataclass(frozen=True)
@@ -465,21 +467,16 @@ class Storage(Protocol):
     """The location as the user wrote it, normalised (no trailing slash)."""
 
     takes_crc32c: bool = False
-    """True when ``write_many`` also takes ``crc32c: Mapping[str, str] | None = None``,
-    each key's CRC32C (base64 of its 4 big-endian bytes, as S3 and GCS write it), so
-    that the service verifies the upload (the S3 and GCS backends): the checksums are
-    then computed before the call, else while ``write_many(items)`` runs."""
+    """Whether ``write_many`` takes ``crc32c=``, each key's CRC32C (base64 of 4 big-endian
+    bytes) for the service to verify the upload, computed first (else while it runs)."""
 
     read_range_into: Callable[[str, int, memoryview], int] | None = None
-    """``read_range_into(key, start, buffer)``: fill ``buffer`` with the bytes of ``key``
-    from ``start`` and return how many there were (fewer at the end), which spares a
-    copy of every tensor ``:load`` reads (the local backend has it); ``None``: every
-    read goes through ``read_range``."""
+    """``(key, start, buffer) -> bytes read``: ``read_range`` into a buffer, sparing a copy
+    of each tensor ``:load`` reads; ``None``: only ``read_range``."""
 
     def remove_temporaries(self, prefix: str = "") -> None:
-        """Remove what cut-off writes left under ``prefix`` (the local backend's temporary
-        files), once no write there is running. By default nothing: an object store's
-        upload appears only when it is complete."""
+        """Remove what cut-off writes left under ``prefix``, once none runs there; by
+        default nothing (an object store's uploads appear only when complete)."""
 
     def describe(self) -> str:
         """A one-line description for messages: the location and the credential source, no secrets."""
@@ -601,8 +598,7 @@ class MetricsSink(Protocol):
 
     @property
     def name(self) -> str:
-        """How a run's summary names the sink (``undelivered_by_sink``); by default its
-        class's name."""
+        """How a run's summary names the sink; by default its class's name."""
         return type(self).__name__
 
 
@@ -636,9 +632,8 @@ class DataLoader(Protocol):
         that would have come."""
 
     def next_part(self, part: int, parts: int) -> dict[str, np.ndarray]:
-        """Block ``part`` of ``parts`` equal blocks of the next batch's rows, moving the
-        position as ``next_batch`` does (a rank's share). Optional: by default cut from
-        the whole batch; a loader that can build a block alone does."""
+        """Block ``part`` of ``parts`` equal blocks of the next batch's rows (a rank's share),
+        moving as ``next_batch`` does; by default cut from the whole batch."""
         batch = self.next_batch()
         share = len(next(iter(batch.values()))) // parts
         return {name: rows[part * share : (part + 1) * share] for name, rows in batch.items()}
@@ -751,16 +746,13 @@ P = TypeVar("P")
 
 
 def with_defaults(obj: Any, protocol: type[P]) -> P:
-    """``obj``, built by a plugin to follow ``protocol``, with every optional member:
-    itself when its class subclasses the protocol (it inherits the defaults), else a
-    view of it that adds the default of each one it lacks. The core calls it once,
-    where it takes the object from the plugin."""
+    """``obj``, a plugin's ``protocol``, with every optional member: itself when it
+    subclasses the protocol, else a view adding the defaults of those it lacks."""
     return obj if protocol in type(obj).__mro__ else _WithDefaults(obj, protocol)  # type: ignore[return-value]
 
 
 class _WithDefaults:
-    """An object that does not subclass its protocol: its own members, and the default
-    of each optional one it lacks, bound to the object as if it had inherited it."""
+    """An object's own members, and the defaults it lacks, bound to it as if inherited."""
 
     def __init__(self, inner: Any, protocol: type) -> None:
         self._inner = inner

@@ -63,6 +63,8 @@ class RunOutcome:
     exit_code: int
     message: str | None
     step: int
+    code: str | None = None
+    """The code of the error that ended it (``E-DP-003``), for a caller to compare."""
 
 
 def run(options: RunOptions, catalog: Catalog) -> RunOutcome:
@@ -252,7 +254,7 @@ class Run:
             # be taken or written, by its own step.
             own = self.step if isinstance(error, (CheckpointError, StorageError)) else None
             at = self.failing_as or f"step {error.step or own or self.step + 1}"
-            return self._failed(f"{at}: {error.render()}")
+            return self._failed(f"{at}: {error.render()}", error.code)
         except Exception as error:  # a bug or an op failing at run time: one line, traceback kept
             self._report_unreported(failing=True)
             self.reporter.close()
@@ -371,14 +373,14 @@ class Run:
         self._finish("interrupted")
         return RunOutcome(128 + signum, f"interrupted by {name} at step {self.step}", self.step)
 
-    def _failed(self, line: str) -> RunOutcome:
+    def _failed(self, line: str, code: str | None = None) -> RunOutcome:
         try:
             self.outputs.wait_for_checkpoint()
         except SexpError as write_error:
             self.log.error("checkpoint failed", error=str(write_error))
         self.metrics.annotation(self.step, f"failed: {line}")
         self._finish("failed", error=line)
-        return RunOutcome(1, line, self.step)
+        return RunOutcome(1, line, self.step, code)
 
     def _finish(self, state: str, error: str | None = None) -> None:
         """Write the last status, drain the metrics, stop the writer, tell the summary."""

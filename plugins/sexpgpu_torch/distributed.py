@@ -27,11 +27,11 @@ import torch
 import torch.distributed as dist
 
 from sexpgpu.errors import RunError
+from sexpgpu.extension import E_GROUP
 from sexpgpu.log import get_logger
 
 __all__ = ["TorchGroup", "join"]
 
-E_GROUP = "E-DP-003"
 DEFAULT_TIMEOUT_S = 300.0
 _T = TypeVar("_T")
 
