@@ -3,7 +3,7 @@ one descriptor, the title of its line and its JSON object (always with ``doc``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,18 +23,17 @@ class Described:
 
 
 def _doc(info: Any) -> str:
-    return str(getattr(info, "doc", "") or "")
+    return str(info.doc or "")
 
 
 def _named(info: Any) -> dict[str, Any]:
     return {"name": info.name, "doc": _doc(info)}
 
 
-def _with_options(info: Any) -> dict[str, Any]:
+def _with_options(info: Any, option_docs: Mapping[str, str] | None = None) -> dict[str, Any]:
     described = {"name": info.name, "options": dict(info.options), "doc": _doc(info)}
-    option_docs = dict(getattr(info, "option_docs", None) or {})
-    if option_docs:
-        described["option_docs"] = option_docs
+    if option_docs:  # a data source's (an optimizer's options have no docs)
+        described["option_docs"] = dict(option_docs)
     return described
 
 
@@ -60,8 +59,8 @@ def _lowering(info: Any) -> dict[str, Any]:
 
 
 def _op(info: Any) -> dict[str, Any]:
-    implementations = getattr(info, "implementations", None) or {}
-    spec = getattr(info, "spec", None)
+    implementations = info.implementations or {}
+    spec = info.spec
     described: dict[str, Any] = {
         "name": info.name,
         "written": list(_written(info)),
@@ -80,8 +79,7 @@ def _op(info: Any) -> dict[str, Any]:
 
 def _written(info: Any) -> tuple[str, ...]:
     """The names a `.sx` file calls an op by (``leaky-relu`` for the op ``leaky_relu``)."""
-    spec = getattr(info, "spec", None)
-    return tuple(getattr(spec, "surfaces", ()) or (info.name.replace("_", "-"),))
+    return tuple(getattr(info.spec, "surfaces", ()) or (info.name.replace("_", "-"),))
 
 
 def _name(info: Any) -> str:
@@ -108,7 +106,9 @@ DESCRIBED: dict[str, Described] = {
         lambda i: {"schemes": list(i.schemes), "doc": _doc(i)},
     ),
     "sexpgpu_metrics_sinks": Described("metrics sink", _name, _named),
-    "sexpgpu_data_sources": Described("data source", _name, _with_options),
+    "sexpgpu_data_sources": Described(
+        "data source", _name, lambda i: _with_options(i, i.option_docs)
+    ),
     "sexpgpu_evaluators": Described("evaluator", _name, _named),
     "sexpgpu_eval_metrics": Described("eval metric", _name, _named),
     "sexpgpu_source_openers": Described(

@@ -26,11 +26,12 @@ import re
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pluggy
 
 from sexpgpu import __version__, hookspecs
+from sexpgpu import extension as ext
 from sexpgpu.errors import PluginError, StorageError
 from sexpgpu.lang.contracts import HOOK_NAMES, held_to_contract, hook_mistakes
 from sexpgpu.plugin_supplies import (
@@ -45,9 +46,6 @@ from sexpgpu.plugin_supplies import (
     refusing,
     traceback_text,
 )
-
-if TYPE_CHECKING:
-    from sexpgpu import extension as ext
 
 __all__ = ["ENTRY_POINT_GROUP", "HOOK_NAMES", "Catalog", "PluginRecord"]
 
@@ -351,8 +349,8 @@ class Catalog:
         """Every available optimizer, by name, with the plugin that supplies it."""
         hook = "sexpgpu_optimizers"
         owners = [record.name for _, record in self._claims(hook)]
-        return {  # a duck-typed descriptor, not the documented dataclass, as it is
-            info.name: dataclasses.replace(info, plugin=owner) if hasattr(info, "plugin") else info
+        return {
+            info.name: dataclasses.replace(info, plugin=owner)
             for info, owner in zip(self.available(hook), owners, strict=True)
         }
 
@@ -364,7 +362,7 @@ class Catalog:
         return [
             info
             for info in self.available("sexpgpu_ops")
-            if getattr(info, "spec", None) is not None and BUILTINS.get(info.spec.name) is None
+            if info.spec is not None and BUILTINS.get(info.spec.name) is None
         ]
 
     def data_source(self, name: str) -> ext.DataSourceInfo:
@@ -402,7 +400,7 @@ class Catalog:
             f"the location {uri} ({scheme}://)",
             lambda info: scheme in info.schemes,
         )
-        return backend.factory(uri)
+        return ext.with_defaults(backend.factory(uri), ext.Storage)
 
 
 def _listed(variable: str) -> list[str]:

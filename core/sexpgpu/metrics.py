@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from sexpgpu.errors import RunError, SexpError
-from sexpgpu.extension import MetricsSink, MetricsSinkInfo
+from sexpgpu.extension import MetricsSink, MetricsSinkInfo, with_defaults
 
 if TYPE_CHECKING:
     from sexpgpu.catalog import Catalog
@@ -227,13 +227,13 @@ class MetricsStream:
         self._workers = [
             _SinkWorker(
                 sink,
-                f"{i}:{getattr(sink, 'name', None) or type(sink).__name__}",
+                f"{i}:{sink.name}",
                 experiment=experiment,
                 max_batch=max_batch,
                 linger=linger,
                 backoff=backoff,
             )
-            for i, sink in enumerate(sinks)
+            for i, sink in enumerate(with_defaults(s, MetricsSink) for s in sinks)
         ]
         self.undelivered_by_sink: dict[str, int] = {}
         """After :meth:`close`: each sink's label and how many events it did not get."""

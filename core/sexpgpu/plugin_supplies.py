@@ -22,8 +22,7 @@ PROJECT_DISTRIBUTION = "sexpgpu"
 def defaults_of(info: Any) -> tuple[str, ...]:
     """The device kinds a lowering descriptor is the default for (``default_for``,
     else every kind it serves)."""
-    default_for = getattr(info, "default_for", None)
-    return tuple(info.devices if default_for is None else default_for)
+    return tuple(info.devices if info.default_for is None else info.default_for)
 
 
 def _lowering_keys(info: Any) -> tuple[str, ...]:

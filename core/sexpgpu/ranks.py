@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from sexpgpu.errors import PluginError, RunError, UsageError
-from sexpgpu.extension import DataLoader, RankGroup, Trainer
+from sexpgpu.extension import E_GROUP, DataLoader, RankGroup, Trainer
 from sexpgpu.lang.ir import Program
 
 if TYPE_CHECKING:
@@ -79,9 +79,8 @@ def join_group(device: str, lowerings: list) -> RankGroup:
         return Solo(device=device)
     kind = device.split(":", 1)[0]
     for info in lowerings:
-        join = getattr(info, "group", None)
-        if join is not None and kind in info.devices:
-            group = join(device)
+        if info.group is not None and kind in info.devices:
+            group = info.group(device)
             if group is not None:
                 return group
     raise PluginError(
@@ -104,13 +103,8 @@ def check_batches(program: Program, group: RankGroup) -> None:
 
 
 def next_part(loader: DataLoader, group: RankGroup) -> dict[str, Any]:
-    """This rank's rows of the loader's next global batch (all of it on one rank):
-    built alone by a loader that can (``next_part``), else cut from the whole."""
-    if hasattr(loader, "next_part"):
-        return loader.next_part(group.rank, group.size)
-    batch = loader.next_batch()
-    rank, share = group.rank, len(next(iter(batch.values()))) // group.size
-    return {name: rows[rank * share : (rank + 1) * share] for name, rows in batch.items()}
+    """This rank's rows of the loader's next global batch (all of it on one rank)."""
+    return loader.next_part(group.rank, group.size)
 
 
 class StopAgreement:
@@ -157,13 +151,13 @@ def check_replicas(group: RankGroup, trainer: Trainer, step: int) -> None:
     if group.size == 1:
         return
     digest = hashlib.sha256()
-    replicas = getattr(trainer, "holds_replicas", True)
-    for tensors in trainer.export(reuse=True) if replicas else ():  # the last one's buffers
+    exports = trainer.export(reuse=True) if trainer.holds_replicas else ()  # the last one's buffers
+    for tensors in exports:
         for name in sorted(tensors):
             digest.update(name.encode())
             digest.update(tensors[name].tobytes())
     if not group.same(digest.digest()):
         raise RunError(
             f"the {group.size} ranks hold different parameters after step {step}",
-            code="E-DP-003",
+            code=E_GROUP,
         )

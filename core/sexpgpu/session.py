@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from sexpgpu.choices import LOWERING_CHOICE, Choices
 from sexpgpu.errors import CheckpointError, PluginError, SexpError, SourceError
-from sexpgpu.extension import DataLoader, DataSourceInfo, Evaluator, Supplies, Trainer
+from sexpgpu.extension import DataLoader, Evaluator, Supplies, Trainer, with_defaults
 from sexpgpu.opening import Selection, Target, recorded_choices
 
 __all__ = [  # Selection, Target and recorded_choices are the opener's, used through here too
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from sexpgpu.catalog import Catalog
     from sexpgpu.checkpoint import Loaded
     from sexpgpu.checkpoint.loads import Loads
-    from sexpgpu.extension import OpenedSource, RankGroup, Storage
+    from sexpgpu.extension import DataSourceInfo, OpenedSource, RankGroup, Storage
     from sexpgpu.lang.ir import DataDecl, Program
 
 
@@ -75,7 +75,8 @@ def lower(program: Program, catalog: Catalog, *, device: str, choices: Choices) 
     supplies = Supplies(
         kernels=catalog.kernels(), optimizers=catalog.optimizers(), ops=catalog.plugin_ops()
     )
-    trainer = info.factory().lower(program, device=device, supplies=supplies, choices=choices)
+    lowered = info.factory().lower(program, device=device, supplies=supplies, choices=choices)
+    trainer = with_defaults(lowered, Trainer)
     _check_trainer(trainer, info.name)
     made = {**trainer.choices, LOWERING_CHOICE: info.name}
     return Lowered(trainer, info.name, made)
@@ -93,9 +94,7 @@ def _check_trainer(trainer: Any, lowering: str) -> None:
 
 
 _TRAINER_MEMBERS = sorted(
-    name
-    for name in {*vars(Trainer), *getattr(Trainer, "__annotations__", {})}
-    if not name.startswith("_")
+    name for name in {*vars(Trainer), *Trainer.__annotations__} if not name.startswith("_")
 )
 
 
@@ -113,7 +112,8 @@ def open_loader(catalog: Catalog, decl: DataDecl, seed: int) -> tuple[DataSource
     ``evaluate`` does not) points at the ``defdata``."""
     info = catalog.data_source(decl.source)
     try:
-        return info, info.factory(decl.options, decl.seq, decl.batch, seed)
+        loader = info.factory(decl.options, decl.seq, decl.batch, seed)
+        return info, with_defaults(loader, DataLoader)
     except SexpError as exc:
         if exc.pos is not None:
             raise

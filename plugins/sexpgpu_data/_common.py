@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from sexpgpu.errors import RunError, SourceError
+from sexpgpu.extension import DataLoader
 
 E_FILE = "E-DATA-001"
 E_SHORT = "E-DATA-002"
@@ -145,7 +146,7 @@ def position_int(source: str, position: Mapping[str, Any], key: str) -> int:
     return value
 
 
-class GeneratedLoader:
+class GeneratedLoader(DataLoader):
     """An endless stream where batch ``i`` is ``make(rng_for(seed, name, i))``
     (``rng_for(seed, name, split, i)`` for a split other than ``train``).
 

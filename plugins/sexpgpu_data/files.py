@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from sexpgpu.extension import DataLoader
 from sexpgpu.lang.ir import TensorType
 
 from ._common import (
@@ -33,7 +34,7 @@ from ._common import (
 from .defaults import NPY_DEFAULTS, NPY_SPLITS, TEXT_DEFAULTS, TOKEN_DTYPES, TOKENS_DEFAULTS
 
 
-class EpochLoader:
+class EpochLoader(DataLoader):
     """Batches of ``batch`` items out of ``count``, reshuffled every epoch from ``(seed, epoch)``.
 
     ``take(indices)`` turns a sorted-by-order array of item numbers into a batch.

@@ -42,7 +42,7 @@ class PassRunner:
         source = open_batches(eval_pass, seed + EVAL_SEED_OFFSET)
         batches = max(1, eval_pass.batches)
         rank, size = (group.rank, group.size) if group is not None else (0, 1)
-        if batches < size and getattr(trainer, "evaluates_together", False):
+        if batches < size and trainer.evaluates_together:
             rank, size = 0, 1  # its first evaluate is a collective: every rank runs every batch
         names = list(eval_pass.metrics)
         values = [0.0] * (batches * len(names))  # batch by batch, metric by metric

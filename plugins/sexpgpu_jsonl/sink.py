@@ -10,6 +10,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from sexpgpu.extension import MetricsSink
+
 EVENTS_FILE = "events.jsonl"
 
 
@@ -44,7 +46,7 @@ def encode_event(event: Mapping[str, Any]) -> bytes:
     return text.encode("utf-8") + b"\n"
 
 
-class JsonlSink:
+class JsonlSink(MetricsSink):
     """Appends events to ``<metrics-dir>/<slug>/events.jsonl``, one write per batch.
 
     The file is opened for appending, so a resumed run (same slug) adds to the

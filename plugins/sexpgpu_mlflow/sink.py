@@ -28,6 +28,7 @@ from urllib.parse import unquote
 
 from sexpgpu.checkpoint.storage import redact
 from sexpgpu.errors import RunError
+from sexpgpu.extension import MetricsSink
 
 __all__ = ["MlflowSink", "MlflowWriteError", "SLUG_TAG", "annotation_tag"]
 
@@ -100,7 +101,7 @@ def _terminal(event: Mapping[str, Any]) -> str | None:
     return next((status for prefix, status in TERMINAL if text.startswith(prefix)), None)
 
 
-class MlflowSink:
+class MlflowSink(MetricsSink):
     """Points become metrics at their step, annotations tags (and lines of the run's
     note), knobs and choices params (``knob.lr``, ``choice.<site>``); ``done``,
     ``interrupted by`` and ``failed:`` set the MLflow run's status, ``resumed from``

@@ -8,6 +8,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from sexpgpu.extension import MetricsSink
+
 SUBDIR = "tensorboard"
 _BASE_KEYS = ("kind", "id", "experiment", "step", "time", "text")
 
@@ -29,7 +31,7 @@ def annotation_markdown(event: Mapping[str, Any]) -> str:
     return "  \n".join(lines)
 
 
-class TensorBoardSink:
+class TensorBoardSink(MetricsSink):
     """Points become scalars (tag = the point's name), annotations text under the
     tag ``annotations``, ``done`` a text ``done``.
 

@@ -113,6 +113,7 @@ class CompiledUpdate:
 
     def __init__(self, update: Any, backend: str) -> None:
         self.update = update
+        self.elementwise = update.elementwise  # slices update alike as the eager one does
         self.backend = backend
         self.known = _COMPILED.get(type(update))
         self._graphs: dict[tuple, Callable[..., Any]] = {}

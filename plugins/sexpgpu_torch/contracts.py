@@ -70,7 +70,7 @@ def check_states(
     holds exactly the names ``info.state_names(options)`` declares, each a list of one
     tensor per parameter in ``params`` and of its shape."""
     declared = tuple(info.state_names(options))
-    who = f"the optimizer '{info.name}' of the plugin '{getattr(info, 'plugin', '?')}'"
+    who = f"the optimizer '{info.name}' of the plugin '{info.plugin}'"
     if not isinstance(states, Mapping) or set(states) != set(declared):
         made = sorted(states) if isinstance(states, Mapping) else type(states).__name__
         raise PluginError(

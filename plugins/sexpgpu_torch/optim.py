@@ -38,7 +38,7 @@ def back_to(new: Sequence[Tensor], like: Sequence[Tensor]) -> list[Tensor]:
     return [n if n.dtype == o.dtype else n.to(o.dtype) for n, o in zip(new, like, strict=True)]
 
 
-class Update:
+class Update(OptimizerUpdate):
     """Base of the built-in updates, each an :class:`sexpgpu.extension.OptimizerUpdate`."""
 
     state_names: tuple[str, ...] = ()

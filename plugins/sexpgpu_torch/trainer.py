@@ -36,6 +36,7 @@ from sexpgpu.extension import (
     OptimizerUpdate,
     RankGroup,
     Trainer,
+    with_defaults,
 )
 from sexpgpu.kernels import recorded
 from sexpgpu.lang.ir import Graph, ParamDecl, Program
@@ -160,7 +161,7 @@ class TorchTrainer(Trainer):
                     pos=s.optimizer.pos,
                 )
             options = {**info.options, **s.optimizer.options}
-            update = strategy.update(info.factory())
+            update = strategy.update(with_defaults(info.factory(), OptimizerUpdate))
             check_optimizer(info, update, options, trainable_types, s.optimizer.pos)
             self.updates.append((update, options))
             self.optimizer_infos.append(info)

@@ -39,7 +39,7 @@ from sexpgpu.checkpoint.storage import (
     split_bucket_uri,
 )
 from sexpgpu.errors import StorageError
-from sexpgpu.extension import ObjectIdentity
+from sexpgpu.extension import ObjectIdentity, Storage
 
 SCOPES = ("https://www.googleapis.com/auth/devstorage.read_write",)
 
@@ -87,8 +87,10 @@ class AttemptsRetry(Retry):
         return DEFAULT_RETRY(func, on_error=give_up)
 
 
-class GcsStorage:
+class GcsStorage(Storage):
     """A ``gs://bucket/prefix`` location opened with the checkpoint credentials."""
+
+    takes_crc32c = True  # GCS verifies each upload against its crc32c
 
     def __init__(self, uri: str) -> None:
         self.bucket_name, self.prefix = split_uri(uri)

@@ -25,7 +25,7 @@ from sexpgpu.checkpoint.storage import (
     WRITE_FAILED,
 )
 from sexpgpu.errors import StorageError
-from sexpgpu.extension import ObjectIdentity
+from sexpgpu.extension import ObjectIdentity, Storage
 
 TEMP_PREFIX = ".sexpgpu-tmp-"
 """Names of files being written; never listed, so a cut-off write is invisible."""
@@ -60,7 +60,7 @@ def _reason(exc: OSError) -> str:
     return exc.strerror or type(exc).__name__
 
 
-class LocalStorage:
+class LocalStorage(Storage):
     """A folder on a local or mounted file system, opened as a checkpoint location."""
 
     def __init__(self, uri: str) -> None:

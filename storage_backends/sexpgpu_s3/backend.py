@@ -34,7 +34,7 @@ from sexpgpu.checkpoint.storage import (
     split_bucket_uri,
 )
 from sexpgpu.errors import StorageError
-from sexpgpu.extension import ObjectIdentity
+from sexpgpu.extension import ObjectIdentity, Storage
 
 MIB = 1 << 20
 MIN_PART = 5 * MIB  # S3's smallest part but the last
@@ -82,8 +82,10 @@ def split_uri(uri: str) -> tuple[str, str]:
     return split_bucket_uri(uri, "s3")
 
 
-class S3Storage:
+class S3Storage(Storage):
     """An ``s3://bucket/prefix`` location opened with the checkpoint credentials."""
+
+    takes_crc32c = True  # S3 verifies each upload against its ChecksumCRC32C
 
     def __init__(self, uri: str) -> None:
         self.bucket, self.prefix = split_uri(uri)

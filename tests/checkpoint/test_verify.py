@@ -45,10 +45,7 @@ class Counting(CountingStorage):
 class CountingRanges(CountingStorage):
     """The real local storage less ``read_range_into``, as a bucket's backend is."""
 
-    def __getattr__(self, name):
-        if name == "read_range_into":
-            raise AttributeError(name)
-        return getattr(self.real, name)
+    read_range_into = None  # the protocol's default: every read through read_range
 
 
 # Runs the command given after the file to write its peak resident memory to (in kB).

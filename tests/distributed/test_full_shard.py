@@ -22,6 +22,7 @@ import torch
 from safetensors.numpy import load_file
 
 from sexpgpu.errors import PluginError
+from sexpgpu.extension import OptimizerUpdate, with_defaults
 from tests.catalogs import compile_file, lower
 from tests.e2e.helpers import (
     assert_every_checkpoint_complete,
@@ -100,7 +101,8 @@ def test_an_update_that_is_not_elementwise_is_refused_with_one_line():
     class WholeTensors:  # a third-party update that says nothing
         pass
 
-    trainer.updates[0] = (WholeTensors(), options)
+    # as the lowering takes an update from its optimizer's factory
+    trainer.updates[0] = (with_defaults(WholeTensors(), OptimizerUpdate), options)
     trainer.shard = "full"
     group = SimpleNamespace(rank=0, size=2)
     with pytest.raises(PluginError) as caught:

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from sexpgpu.errors import RunError
+from sexpgpu.extension import Trainer
 from sexpgpu.ranks import check_replicas
 
 
@@ -26,7 +27,7 @@ class _Group:
         return self.theirs is None or data == self.theirs
 
 
-class _Replica:
+class _Replica(Trainer):  # holds_replicas: the protocol's default, True
     def __init__(self, value: float) -> None:
         self.exported = 0
         self.value = value

@@ -16,6 +16,7 @@ import sexpgpu_local
 import sexpgpu_torch
 from sexpgpu.catalog import Catalog
 from sexpgpu.errors import PluginError, SourceError
+from sexpgpu.extension import OptimizerInfo
 from sexpgpu.session import Selection, Session, Target
 from sexpgpu.train import RunOptions, run
 
@@ -55,7 +56,7 @@ def test_a_hand_made_catalog_has_what_it_was_given_and_nothing_else(no_entry_poi
         catalog.open_location("s3://b/r")
 
 
-def test_an_optimizer_names_its_plugin_and_a_duck_typed_one_is_taken_as_it_is(
+def test_an_optimizer_names_its_plugin_and_a_duck_typed_one_is_taken_as_its_descriptor(
     no_entry_points,
 ) -> None:
     from types import SimpleNamespace
@@ -74,7 +75,16 @@ def test_an_optimizer_names_its_plugin_and_a_duck_typed_one_is_taken_as_it_is(
 
     optimizers = Catalog.of({**OURS, "ducks": Ducks()}).optimizers()
     assert optimizers["adam"].plugin == "torch"  # for the lowering's messages
-    assert optimizers["duck"] is duck
+    # the stand-in is handed on as the descriptor it stands in for, its optional
+    # fields at their defaults, so nothing that uses it asks what it has
+    taken = optimizers["duck"]
+    assert isinstance(taken, OptimizerInfo)
+    assert (taken.name, taken.options, taken.factory, taken.plugin) == (
+        "duck",
+        {"lr": 0.1},
+        object,
+        "ducks",
+    )
 
 
 def test_a_program_compiles_lowers_and_trains_from_a_hand_made_catalog(no_entry_points) -> None:

@@ -211,7 +211,9 @@ def test_sexpgpu_storage_backends(loaded) -> None:
     plugins = loaded
     infos = [i for i in plugins.available("sexpgpu_storage_backends") if "tmem" in i.schemes]
     assert len(infos) == 1 and isinstance(infos[0], StorageBackendInfo)
-    assert plugins.open_location("tmem2://bucket/x") == "STORAGE"
+    opened = plugins.open_location("tmem2://bucket/x")
+    # the factory's object, with the Storage protocol's defaults for what it lacks
+    assert opened.capitalize() == "Storage" and opened.takes_crc32c is False
     assert _module(loaded).CALLED == [("storage", ("tmem2://bucket/x",))]
 
 

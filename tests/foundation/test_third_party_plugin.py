@@ -121,7 +121,7 @@ def test_open_location_uses_the_plugin_storage(mem: dict) -> None:
         from sexpgpu.checkpoint.storage import scheme_of
 
         store = Catalog.load().open_location("mem://x/")
-        print(type(store).__module__, type(store).__name__, store.uri, scheme_of("mem://x"))
+        print(store.describe(), store.uri, scheme_of("mem://x"))
         store.check_writable()
         store.write("a/b.bin", b"0123456789")
         store.write_many({"a/c.bin": b"c", "d.json": memoryview(b"{}")})
@@ -142,7 +142,7 @@ def test_open_location_uses_the_plugin_storage(mem: dict) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == [
-        "sexpgpu_mem_plugin MemStorage mem://x mem",
+        "mem://x (mem test plugin, no credentials) mem://x mem",
         "round-trip ok",
     ]
 

@@ -14,6 +14,7 @@ from safetensors.torch import save_file as save_torch_file
 
 from sexpgpu.checkpoint.loads import Loads, open_storage, read_header
 from sexpgpu.errors import Pos, SexpError, SourceError
+from sexpgpu.extension import Storage
 from sexpgpu.lang.ir import Init, LoadSpec, ParamDecl, TensorType
 from tests.catalogs import open_location
 
@@ -26,8 +27,9 @@ def decl(path: str, shape: tuple[int, ...], uri: str, tensor: str, dtype: str = 
     )
 
 
-class Counting:
-    """A storage that counts the bytes each ranged read asks for."""
+class Counting(Storage):
+    """A storage that counts the bytes each ranged read asks for (and has no
+    ``read_range_into``: every tensor is read through ``read_range``)."""
 
     def __init__(self, inner) -> None:
         self.inner, self.ranges, self.whole = inner, [], 0

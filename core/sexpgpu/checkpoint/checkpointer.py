@@ -202,6 +202,6 @@ def lent_exports(
     """A non-writing rank's part in the writer's checkpoints (``written_step``: the
     resumed checkpoint's step, written already, as the writer's ``Checkpointer`` has
     it), or ``None`` when the trainer's export is no collective or nothing is written."""
-    if storage is None or not getattr(trainer, "exports_together", False):
+    if storage is None or not trainer.exports_together:
         return None
     return LentExports(trainer, written_step)

@@ -104,7 +104,7 @@ class Hashing:
 def read_into(file: LocalFile, plan: list[tuple[int, memoryview | None]], hashing: Hashing) -> None:
     """Read ``file`` up to the last place in ``plan`` (``(start, where its bytes go)``,
     in file order; ``None`` for the end), feeding every byte to ``hashing`` in order."""
-    into = file.storage.read_range_into  # type: ignore[attr-defined]
+    into = file.storage.read_range_into
     expected = len(file.header_bytes).to_bytes(8, "little") + file.header_bytes
     offset = 0
 

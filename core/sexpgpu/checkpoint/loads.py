@@ -89,7 +89,7 @@ class SafetensorsFile:
     def read(self, name: str) -> np.ndarray:
         """Tensor ``name`` as f32, read with one ranged request."""
         entry = self.tensors[name]
-        into = getattr(self.storage, "read_range_into", None)
+        into = self.storage.read_range_into
         if entry.dtype == "F32" and into is not None:
             # A backend that reads into memory it is given (the local one) fills the
             # array itself: one copy from the page cache, none more.
@@ -428,7 +428,7 @@ class Loads:
                 target, real = _follow(uri)
                 storage, key = open_storage(target, self._open_location)
                 file = read_header(storage, key, uri)
-                if real is not None and hasattr(storage, "read_range_into"):
+                if real is not None and storage.read_range_into is not None:
                     file.path = real
                 self._files[uri] = file
         return self._files[uri]

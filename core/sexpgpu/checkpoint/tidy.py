@@ -42,7 +42,7 @@ def remove_leftovers(storage: Storage, stored: int) -> list[str]:
         for step, folder in steps_of(storage):
             if step > stored or step in known:
                 continue
-            _remove_temporaries(storage, folder)
+            storage.remove_temporaries(folder)
             if step == stored or storage.exists(file_key(folder, EXPERIMENT_FILE)):
                 known.add(step)
                 continue
@@ -52,11 +52,3 @@ def remove_leftovers(storage: Storage, stored: int) -> list[str]:
     except StorageError:
         pass
     return removed
-
-
-def _remove_temporaries(storage: Storage, folder: str) -> None:
-    # Only a backend with temporary files of its own has this (the local one);
-    # an object store's upload is invisible until it completes.
-    remove = getattr(storage, "remove_temporaries", None)
-    if remove is not None:
-        remove(folder)

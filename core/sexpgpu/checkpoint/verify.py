@@ -91,7 +91,7 @@ def _checksum(storage: Storage, path: str, expected: int, chunk: int) -> tuple[i
     crc = Crc32c()
     # A backend that fills a buffer is handed the same few again and again: no
     # allocation per chunk, which the worker threads' malloc arenas would keep.
-    fills = hasattr(storage, "read_range_into")
+    fills = storage.read_range_into is not None
     free: list[Any] = []
     pending: deque[tuple[Future[memoryview], Any]] = deque()
     start = 0

@@ -10,7 +10,6 @@ earlier writes that were cut off left under the location is removed
 
 from __future__ import annotations
 
-import inspect
 import json
 import time
 from collections.abc import Mapping
@@ -70,13 +69,13 @@ def write_checkpoint(
 def _store(storage: Storage, key: str, files: Mapping[str, memoryview]) -> dict[str, Any]:
     """Write ``files`` into the checkpoint folder ``key`` and return each one's record.
 
-    A backend whose ``write_many`` takes ``crc32c`` (the built-in ones) is handed
-    the checksums so the service verifies the upload; the checksums are computed
-    first then (a few milliseconds per GB). Another backend's writes run while the
+    A backend that ``takes_crc32c`` (the S3 and GCS ones) is handed the checksums so
+    the service verifies the upload; they are computed first then (a few
+    milliseconds per GB). Another backend's writes run while the
     checksums are computed on the side (the checksum releases the GIL).
     """
     items = {file_key(key, name): view for name, view in files.items()}
-    if _takes_crc32c(storage):
+    if storage.takes_crc32c:
         records = {name: file_record(view) for name, view in files.items()}
         checksums = {file_key(key, name): r["crc32c"] for name, r in records.items()}
         storage.write_many(items, crc32c=checksums)  # type: ignore[call-arg]
@@ -85,13 +84,6 @@ def _store(storage: Storage, key: str, files: Mapping[str, memoryview]) -> dict[
         pending = {name: pool.submit(file_record, view) for name, view in files.items()}
         storage.write_many(items)
         return {name: future.result() for name, future in pending.items()}
-
-
-def _takes_crc32c(storage: Storage) -> bool:
-    try:
-        return "crc32c" in inspect.signature(storage.write_many).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 def _json_bytes(record: Mapping[str, Any]) -> bytes:

@@ -81,11 +81,14 @@ def held_to_contract(hook: str, answer: Any) -> tuple[Any, str | None]:
     """What of ``answer``, one plugin's result of ``hook`` (``None`` when it returned
     nothing), fits the type the hook declares, and why the plugin is refused (``None``:
     it is not): an answer of another type, or a descriptor that breaks its contract
-    (:data:`CONTRACTS`; such a descriptor is kept, so that using it names the reason)."""
+    (:data:`CONTRACTS`; such a descriptor is kept, so that using it names the reason).
+    A duck-typed stand-in comes back as the descriptor it stands in for."""
     fitting, problem = _held_to_declaration(hook, answer)
-    if problem or typing.get_origin(_declared(hook)) is not list:
+    declared = _declared(hook)
+    if typing.get_origin(declared) is not list:
         return fitting, problem
-    return fitting, next(filter(None, (broken(hook, item) for item in fitting)), None)
+    fitting = [_as_declared(value, typing.get_args(declared)[0]) for value in fitting]
+    return fitting, problem or next(filter(None, (broken(hook, item) for item in fitting)), None)
 
 
 def _declared(hook: str) -> Any:
@@ -137,6 +140,15 @@ def _stands_in(value: Any, declared: type) -> bool:
         if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
     ]
     return all(hasattr(value, name) for name in required)
+
+
+def _as_declared(value: Any, declared: type) -> Any:
+    """``value`` as a ``declared`` descriptor, the optional fields a stand-in lacks at their
+    defaults: read once here, where the plugin hands it over, and never asked again."""
+    if isinstance(value, declared):
+        return value
+    fields = dataclasses.fields(declared)  # type: ignore[arg-type]
+    return declared(**{f.name: getattr(value, f.name) for f in fields if hasattr(value, f.name)})
 
 
 def _type_text(declared: Any) -> str:
@@ -218,7 +230,7 @@ def _eval_metric(info: Any) -> str | None:
 
 
 def _op(info: Any) -> str | None:
-    spec = getattr(info, "spec", None)
+    spec = info.spec
     if not isinstance(spec, OpSpec):
         return f"its op '{info.name}' has no OpSpec"
     if BUILTINS.get(spec.name) is spec:
@@ -239,7 +251,7 @@ def _optimizer(info: Any) -> str | None:
     problem = _named("optimizer", info) or _options(who, info.options, ("schedule", "clip"))
     if problem:
         return problem
-    if not callable(getattr(info, "state_names", None)):
+    if not callable(info.state_names):
         return f"{who} has no state_names function"
     try:
         names = tuple(info.state_names(dict(info.options)))
@@ -297,10 +309,10 @@ def op_claims(info: Any) -> tuple[str, ...]:
     """What an op descriptor claims, as conflicts key it: a new op its name and every
     surface name its spec gives it (``op 'leaky-relu'``); an implementation of a
     built-in op, that op for each lowering it implements it for."""
-    spec = getattr(info, "spec", None)
+    spec = info.spec
     if spec is not None and BUILTINS.get(info.name) is spec:
         # each lowering may have one implementation of a built-in op, from one plugin
-        lowerings = sorted(getattr(info, "implementations", None) or {})
+        lowerings = sorted(info.implementations or {})
         return tuple(f"{lowering} implementation of op '{info.name}'" for lowering in lowerings)
     surfaces = getattr(spec, "surfaces", None) or ()
     return tuple(dict.fromkeys(f"op '{name}'" for name in (info.name, *surfaces)))

@@ -91,7 +91,7 @@ class Declarations:
                     kw.pos,
                 )
             options[key] = self.option_value(node, info.options[key], kw.name, {})
-            if key in getattr(info, "path_options", ()):
+            if key in info.path_options:
                 located = relative_to_file(options[key], node.pos)
                 options[key] = checked_location(self._files, "data", located, node.pos)
         p3, run_kw = split_args(form.items[3:])

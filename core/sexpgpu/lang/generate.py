@@ -120,7 +120,7 @@ def read_sample(node: Any, data: g.DataDecl, decls: Declarations) -> SamplePlan:
             f"sequence of {seq} (data '{data.name}' :seq {data.seq})",
             (opts.get("new-tokens") or node).pos,
         )
-    verify = getattr(info, "verify", None)
+    verify = info.verify
     if "reward" not in opts and verify is None:
         raise err(
             f"the data source '{data.source}' has no verifier; give sample a :reward "
@@ -158,7 +158,7 @@ def _prompt_length(
             f"i64[batch, seq] (it has {listing(data.fields)})",
             node.pos,
         )
-    count, own = getattr(info, "prompt_length", None), None
+    count, own = info.prompt_length, None
     if count is not None:  # a plugin's: its bug is told as its own, at the sample form
         own = plugin_call(
             who, "prompt_length", lambda: int(count(data.options, data.seq)), pos=node.pos

@@ -105,7 +105,7 @@ class OpTable:
 
 def _offers(info: Any, name: str | None) -> bool:
     """Whether ``info`` is a new op (called ``name``, when given)."""
-    spec = getattr(info, "spec", None)
+    spec = info.spec
     if not isinstance(spec, OpSpec) or BUILTINS.get(spec.name) is not None:
         return False  # a lowering's implementation of a built-in op, not a new op
     return name is None or name in spec.surfaces

@@ -338,7 +338,7 @@ class FullySharded(Single):
         """Each rank updates its slices alone: right only for an update that computes
         each element from the same element (it says ``elementwise = True``)."""
         for info, update in optimizers:
-            if not getattr(getattr(update, "update", update), "elementwise", False):
+            if not update.elementwise:
                 raise PluginError(
                     f"the optimizer '{info.name}' cannot update slices of parameters "
                     "(shard full): its update does not say elementwise = True; "

@@ -39,5 +39,4 @@ def implementation_of(
 
 
 def _named(info: Any, op: str) -> bool:
-    spec = getattr(info, "spec", None)
-    return info.name == op or getattr(spec, "name", None) == op
+    return info.name == op or info.spec.name == op
