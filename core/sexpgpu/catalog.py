@@ -1,20 +1,9 @@
-"""The catalog: what the installed plugins supply, found once and handed to whatever needs it.
+"""The catalog: what the installed plugins supply, found once and handed to whatever
+needs it (docs/plugins.md, "The catalog"). Only this module builds pluggy's manager.
 
-Plugins are the modules the entry points of group ``sexpgpu`` name, ours included.
-:meth:`Catalog.load` finds and loads them; :meth:`Catalog.of` builds a catalog of
-modules in hand (a test, a tool). Only this module builds pluggy's manager: the
-compiler, the session, storage and metrics are given a catalog, never fetch one.
-
-A plugin that fails to import is kept unavailable with its reason for ``sexpgpu
-plugins``; one whose hook answers with another type than the hook declares, or whose
-descriptor breaks its contract (:mod:`sexpgpu.lang.contracts`), is kept refused.
-Two plugins supplying one thing conflict: the contested thing is refused
-(``E-PLUGIN-001``), never given to whichever loaded first (:mod:`sexpgpu.plugin_supplies`).
-
-Environment variables: ``SEXPGPU_DISABLE_PLUGINS=a,b`` skips plugins by
-entry-point name; ``SEXPGPU_DISABLE_DISTRIBUTIONS=x,y`` skips every plugin of
-those distributions; ``SEXPGPU_TRACE_PLUGINS=1`` logs every hook call and keeps
-the traceback of a plugin that failed.
+A plugin that fails to import is kept unavailable with its reason; one whose answers
+break their contract (:mod:`sexpgpu.lang.contracts`) is kept refused; a thing two
+plugins supply is refused (``E-PLUGIN-001``, :mod:`sexpgpu.plugin_supplies`).
 """
 
 from __future__ import annotations
@@ -23,7 +12,8 @@ import dataclasses
 import importlib
 import os
 import re
-from collections.abc import Callable, Collection, Mapping
+import traceback
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
@@ -44,7 +34,6 @@ from sexpgpu.plugin_supplies import (
     find_conflicts,
     nearest,
     refusing,
-    traceback_text,
 )
 
 __all__ = ["ENTRY_POINT_GROUP", "HOOK_NAMES", "Catalog", "PluginRecord"]
@@ -68,12 +57,9 @@ class PluginRecord:
     refused: bool = False  # unavailable for what it declares: its own mistake
     disabled: bool = False
     plugin: Any = None
-    warnings: list[str] = field(default_factory=list)
-    """Mistakes that do not stop the plugin (a misspelled hook), one line each."""
-    traceback: str | None = None
-    """The failure's traceback, kept under ``SEXPGPU_TRACE_PLUGINS`` only."""
-    commands: dict[str, str] = field(default_factory=dict)
-    """The CLI commands it adds, with their help line (known once the CLI starts)."""
+    warnings: list[str] = field(default_factory=list)  # mistakes that do not stop it
+    traceback: str | None = None  # the failure's, kept under SEXPGPU_TRACE_PLUGINS only
+    commands: dict[str, str] = field(default_factory=dict)  # its CLI commands' help lines
 
     @property
     def where(self) -> str:
@@ -87,22 +73,15 @@ class PluginRecord:
 
 
 class Catalog:
-    """The loaded plugins and what they supply, asked for by hook.
-
-    Build one with :meth:`load` (entry points) or :meth:`of` (modules in hand). Each
-    supplying hook is asked once, when first needed, and its answer kept: the
-    descriptors are cheap, and asking again would only repeat the same answer.
-    """
+    """The loaded plugins and what they supply, asked for by hook. Each supplying hook
+    is asked once, when first needed: asking again would only repeat the answer."""
 
     def __init__(self) -> None:
         self._manager = pluggy.PluginManager(hookspecs.PROJECT)
         self._manager.add_hookspecs(hookspecs)
-        self.records: list[PluginRecord] = []
-        """Every plugin found, in load order (by entry-point name)."""
-        self.warnings: list[str] = []
-        """Mistakes in the environment (a disabled name that matches nothing)."""
-        self.command_conflicts: list[Conflict] = []
-        """Commands two plugins add (found by the CLI as it adds them)."""
+        self.records: list[PluginRecord] = []  # in load order (by entry-point name)
+        self.warnings: list[str] = []  # mistakes in the environment (a misspelled name)
+        self.command_conflicts: list[Conflict] = []  # found by the CLI as it adds commands
         self._supplied: dict[str, list[tuple[Any, PluginRecord]]] = {}
         self._failed: set[tuple[str, str]] = set()  # (plugin, hook) whose hook raised
         self._tracing = os.environ.get(TRACE_PLUGINS, "").strip() not in ("", "0")
@@ -114,7 +93,7 @@ class Catalog:
     @classmethod
     def load(cls) -> Catalog:
         """The plugins the entry-point group ``sexpgpu`` names, as the environment
-        variables of this module's docstring allow."""
+        (``SEXPGPU_DISABLE_PLUGINS``, ``SEXPGPU_DISABLE_DISTRIBUTIONS``) allows."""
         importlib.invalidate_caches()  # a plugin installed since the last look is found
         catalog = cls()
         catalog._load_entry_points()
@@ -125,14 +104,11 @@ class Catalog:
         """A catalog of ``plugins`` (name -> a module or object with ``@hookimpl``
         functions), registered as entry points would be, and nothing else."""
         catalog = cls()
+        version = __version__ if distribution == PROJECT_DISTRIBUTION else "?"
         for name in sorted(plugins):
             plugin = plugins[name]
-            record = PluginRecord(
-                name=name,
-                module=getattr(plugin, "__name__", type(plugin).__name__),
-                distribution=distribution,
-                version=__version__ if distribution == PROJECT_DISTRIBUTION else "?",
-            )
+            module = getattr(plugin, "__name__", type(plugin).__name__)
+            record = PluginRecord(name, module, distribution, version)
             catalog.records.append(record)
             catalog._register(record, lambda plugin=plugin: plugin)
         return catalog
@@ -143,16 +119,10 @@ class Catalog:
 
         def order(entry_point: metadata.EntryPoint) -> tuple[str, bool]:
             # by name; for a name two distributions register, one not disabled first
-            return entry_point.name, _normalized(_distribution(entry_point)) in distributions
+            return entry_point.name, _normalized(_origin(entry_point)[0]) in distributions
 
         for entry_point in sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=order):
-            dist = getattr(entry_point, "dist", None)
-            record = PluginRecord(
-                name=entry_point.name,
-                module=entry_point.value,
-                distribution=_distribution(entry_point),
-                version=dist.version if dist is not None else "?",
-            )
+            record = PluginRecord(entry_point.name, entry_point.value, *_origin(entry_point))
             first = self.record(record.name)
             if first is not None:
                 # the first on sys.path is the plugin, as for any entry point; said aloud
@@ -165,13 +135,16 @@ class Catalog:
             self.records.append(record)
             if record.name in names or _normalized(record.distribution) in distributions:
                 by = DISABLE_PLUGINS if record.name in names else DISABLE_DISTRIBUTIONS
-                record.available, record.disabled = False, True
-                record.reason = f"disabled by {by}"
+                record.available, record.disabled, record.reason = False, True, f"disabled by {by}"
                 continue
             self._register(record, entry_point.load)
         # Only the plugin names warn: a distribution list is usually set by tooling
         # (the test suite) for processes whose sys.path may not hold them all.
-        self._warn_unmatched(DISABLE_PLUGINS, names, [r.name for r in self.records])
+        known = [r.name for r in self.records]
+        for name in (name for name in names if name not in known):
+            hint = f" (did you mean '{close}'?)" if (close := nearest(name, known)) else ""
+            said = f"{DISABLE_PLUGINS} names '{name}', which is no installed plugin{hint}"
+            self.warnings.append(said)
 
     def _register(self, record: PluginRecord, load: Callable[[], Any]) -> None:
         try:
@@ -203,14 +176,7 @@ class Catalog:
         record.available = False
         record.reason = f"{what}: {exception_text(exc)}"
         if self._tracing:
-            record.traceback = traceback_text(exc)
-
-    def _warn_unmatched(self, variable: str, names: Collection[str], known: list[str]) -> None:
-        for name in names:
-            if name in known:
-                continue
-            hint = f" (did you mean '{close}'?)" if (close := nearest(name, known)) else ""
-            self.warnings.append(f"{variable} names '{name}', which is no installed plugin{hint}")
+            record.traceback = "".join(traceback.format_exception(exc)).rstrip()
 
     def _trace(self) -> None:
         from sexpgpu.log import get_logger
@@ -228,10 +194,8 @@ class Catalog:
     # -- asking
 
     def ask(self, record: PluginRecord, hook: str, **kwargs: Any) -> list[Any]:
-        """Call ``hook`` on one plugin only, through pluggy's relay (so argument
-        matching and SEXPGPU_TRACE_PLUGINS apply); its non-None result in a list. An
-        answer that breaks the hook's contract refuses the plugin, and only what of it
-        fits is handed back (:func:`sexpgpu.lang.contracts.held_to_contract`)."""
+        """Call ``hook`` on one plugin only, through pluggy's relay (so argument matching
+        and tracing apply): what of its answer fits the contract, in a list."""
         others = [p for p in self._manager.get_plugins() if p is not record.plugin]
         answer = self._manager.subset_hook_caller(hook, remove_plugins=others)(**kwargs)
         fitting, problem = held_to_contract(hook, next(iter(answer), None))
@@ -249,10 +213,8 @@ class Catalog:
         return next((r for r in self.records if r.name == name), None)
 
     def supplied(self, hook: str) -> list[tuple[Any, PluginRecord]]:
-        """Every descriptor loaded plugins supply through ``hook``, with its plugin.
-        Unavailable plugins are asked too, so a lookup can say "this needs plugin X,
-        which is unavailable because ...". A plugin whose hook raises becomes
-        unavailable; one whose descriptor breaks its contract is refused (:meth:`ask`)."""
+        """Every descriptor loaded plugins supply through ``hook``, with its plugin;
+        unavailable ones too, so that a lookup can say why a thing is missing."""
         if hook not in self._supplied:
             found: list[tuple[Any, PluginRecord]] = []
             for record in self.records:
@@ -272,21 +234,15 @@ class Catalog:
         return [(item, record) for item, record in self.supplied(hook) if record.available]
 
     def available(self, hook: str) -> list[Any]:
-        """The descriptors available plugins supply through ``hook``. One two plugins
-        claim (:meth:`conflicts`) comes as a copy whose factories raise ``E-PLUGIN-001``:
-        choosing among them works, using the contested one fails with the conflict."""
-        claims = self._claims(hook)
-        found = find_conflicts(hook, ((i, r.name, r.where) for i, r in claims))
-        handed: list[Any] = []
-        for item, _ in claims:
-            contested = contested_keys(hook, item, found)
-            handed.append(refusing(item, contested[0]) if contested else item)
-        return handed
+        """The descriptors available plugins supply through ``hook``; a contested one
+        as a copy whose factories raise ``E-PLUGIN-001``, so that choosing works."""
+        found = self.conflicts(hook)
+        contested = [(item, contested_keys(hook, item, found)) for item, _ in self._claims(hook)]
+        return [refusing(item, against[0]) if against else item for item, against in contested]
 
     def require(self, hook: str, what: str, matches: Callable[[Any], bool]) -> Any:
         """The available descriptor from ``hook`` for which ``matches`` is true; else a
-        :class:`PluginError`: ``E-PLUGIN-001`` naming every plugin when several match,
-        the plugin's reason when only an unavailable one does, ``what`` when none does."""
+        :class:`PluginError` (``E-PLUGIN-001`` when several plugins have one)."""
         matching = [(item, record) for item, record in self.supplied(hook) if matches(item)]
         usable = [(item, record) for item, record in matching if record.available]
         owners = {record.name: record.where for _, record in usable}
@@ -303,8 +259,7 @@ class Catalog:
 
     def named(self, hook: str, kind: str, name: str) -> Any:
         """The available descriptor of ``hook`` called ``name`` (a ``kind``, as in
-        "metrics sink"). An unknown name is refused with the nearest known one, every
-        known one, and the plugins disabled that might supply it; else as :meth:`require`."""
+        "metrics sink"); an unknown name is refused with every known one."""
         known = sorted({item.name for item, _ in self.supplied(hook)})
         if name not in known:
             hint = f" (did you mean '{close}'?)" if (close := nearest(name, known)) else ""
@@ -331,18 +286,15 @@ class Catalog:
         return found + (self.command_conflicts if hook is None else [])
 
     def failed(self, record: PluginRecord, hook: str) -> bool:
-        """Whether ``record``'s ``hook`` raised when it was asked (the plugin is then
-        unavailable, its reason saying why)."""
+        """Whether ``record``'s ``hook`` raised when it was asked."""
         return (record.name, hook) in self._failed
 
     # -- what the core takes, typed
 
     def lowerings(self) -> list[ext.LoweringInfo]:
-        """Every available lowering."""
         return self.available("sexpgpu_lowerings")
 
     def kernels(self) -> list[ext.KernelInfo]:
-        """Every available kernel."""
         return self.available("sexpgpu_kernels")
 
     def optimizers(self) -> dict[str, ext.OptimizerInfo]:
@@ -355,8 +307,7 @@ class Catalog:
         }
 
     def plugin_ops(self) -> list[ext.OpInfo]:
-        """The new ops available plugins supply (not a lowering's implementation of a
-        built-in op)."""
+        """The new ops available plugins supply (not implementations of built-in ones)."""
         from sexpgpu.lang.ops import BUILTINS
 
         return [
@@ -382,8 +333,7 @@ class Catalog:
         return self.named("sexpgpu_metrics_sinks", "metrics sink", name)
 
     def source_opener(self, name: str) -> ext.SourceOpenerInfo | None:
-        """The opener of the file ``name`` (by the end of its name; one two plugins claim
-        refuses with ``E-PLUGIN-001`` when built); ``None`` when none takes it (a `.sx` file)."""
+        """The opener of the file ``name``, by its suffix; ``None`` for a `.sx` file."""
         openers = self.available("sexpgpu_source_openers")
         return next((info for info in openers if name.endswith(info.suffix)), None)
 
@@ -409,10 +359,10 @@ def _listed(variable: str) -> list[str]:
     return list(dict.fromkeys(name for name in names if name))
 
 
-def _distribution(entry_point: metadata.EntryPoint) -> str:
-    """The name of the distribution that registers ``entry_point`` (``?`` if unknown)."""
+def _origin(entry_point: metadata.EntryPoint) -> tuple[str, str]:
+    """The name and version of the distribution that registers ``entry_point``."""
     dist = getattr(entry_point, "dist", None)
-    return dist.metadata["Name"] if dist is not None else "?"
+    return (dist.metadata["Name"], dist.version) if dist is not None else ("?", "?")
 
 
 def _normalized(distribution: str) -> str:

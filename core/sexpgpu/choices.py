@@ -1,16 +1,7 @@
-"""The choices a run makes, as one typed record: what the user asked for, what the
-checkpoint it continues recorded, and whether those are taken.
-
-A *choice* is anything a lowering decides that changes a run's bits: the kernel of
-each choice site (``attention:model.attn``), the lowering itself (``lowering``),
-and whatever else a lowering records (the CPU's thread count, the CUDA switches...).
-Its names are the lowering's; the core only keeps the rule: a resume takes
-(*pins*) the choices its checkpoint recorded unless ``--choices fresh``; the
-user's requests (``--choose``, ``--lowering``, or an option a front end maps to a
-choice, such as ``--threads``) are taken as pins too, and a request against a
-recorded choice that is pinned is ``E-CHOICE-001``: the user asked for two things
-at once. A lowering asks :meth:`Choices.pin` for each of its choices.
-"""
+"""The choices a run makes (anything a lowering decides that changes a run's bits),
+as one typed record: what the user asked for, what the checkpoint it continues
+recorded, and whether those are taken. The names are the lowering's; the core keeps
+only the rule (docs/determinism.md, "Pinning a run to recorded choices")."""
 
 from __future__ import annotations
 
@@ -40,14 +31,9 @@ CHOOSE = "--choose"
 
 @dataclass(frozen=True)
 class Choices:
-    """The choices a run is opened with (see the module docstring).
-
-    ``requested`` maps a choice to the value the user asked for and ``asked`` the
-    same choice to the words they used (``--choose attention=sdpa``), for messages;
-    ``recorded`` is the checkpoint's ``choices`` (empty on a fresh start), taken
-    when ``pinned``. Build one with :meth:`make`, which refuses a request against a
-    pinned recorded value.
-    """
+    """The choices a run is opened with: ``requested`` values with the words ``asked``
+    (``--choose attention=sdpa``), and the checkpoint's ``recorded`` ones, taken when
+    ``pinned``. Build one with :meth:`make`."""
 
     requested: Mapping[str, str] = field(default_factory=dict)
     asked: Mapping[str, str] = field(default_factory=dict)
@@ -84,17 +70,14 @@ class Choices:
     def pin(self, name: str) -> str | None:
         """The value a lowering must take for ``name``: the user's request, else the
         pinned recorded value; ``None`` to choose by its own rule."""
-        if name in self.requested:
-            return self.requested[name]
-        return self.recorded.get(name) if self.pinned else None
+        return self.pins().get(name)
 
     def pins(self) -> dict[str, str]:
         """Every value a lowering must take, by choice."""
         return {**(self.recorded if self.pinned else {}), **self.requested}
 
     def is_request(self, name: str) -> bool:
-        """Whether the value of ``name`` is the user's request (checked as one: it
-        must fit, and be deterministic in a deterministic run)."""
+        """Whether the value of ``name`` is the user's request (which must fit here)."""
         return name in self.requested
 
     def words(self, name: str) -> str:
@@ -124,8 +107,7 @@ class ChoiceRefused(CheckpointError):
         super().__init__(f"{said} ({FRESH_HINT})", code=E_CHOICE)
 
 
-cannot_take = ChoiceRefused
-"""``E-CHOICE-001`` for a pinned ``value`` of ``name`` that cannot be taken here."""
+cannot_take = ChoiceRefused  # the name lowerings raise it by
 
 
 # ---------------------------------------------------------------- --choose
@@ -134,17 +116,26 @@ cannot_take = ChoiceRefused
 def kernel_requests(
     program: Program, requests: Mapping[str, str], other_options: Mapping[str, str] | None = None
 ) -> tuple[dict[str, str], dict[str, str]]:
-    """``--choose`` requests (``{target: kernel}``) as (``{site: kernel}``, ``{site: the
-    words}``), ready for :meth:`Choices.make`: a target that is a kind names every site
-    of that kind, and a site's full name wins over its kind. Raises :class:`UsageError`
-    for a target the program has neither as a site nor as a kind; ``other_options`` (a
-    recorded choice -> the option that sets it, ``{"cpu.threads": "--threads"}``) turns
-    that into a pointer to the option."""
-    names = {site.name for site in program.sites}
+    """``--choose`` requests (``{target: kernel}``, docs/run.md) as (``{site: kernel}``,
+    ``{site: the words}``) for :meth:`Choices.make`; ``other_options`` maps a recorded
+    choice to the option that sets it (``{"cpu.threads": "--threads"}``)."""
+    sites = [site.name for site in program.sites]
     kinds = sorted({site.kind for site in program.sites})
+    others = {LOWERING_CHOICE: "--lowering", **(other_options or {})}
     for target, kernel in requests.items():
-        if target not in names and target not in kinds:
-            raise UsageError(_unknown_target(program, target, kernel, kinds, other_options))
+        if target in sites or target in kinds:
+            continue
+        asked = f"{CHOOSE} {target}={kernel}"
+        if target in others:
+            raise UsageError(f"{asked}: {target} is not a kernel choice site; use {others[target]}")
+        near = difflib.get_close_matches(target, sites + kinds, n=1)
+        hint = f"did you mean '{near[0]}'? " if near else ""
+        listed = (
+            f"its sites: {', '.join(sites)}; kinds: {', '.join(kinds)}" if sites else "it has none"
+        )
+        raise UsageError(
+            f"{asked}: the program has no choice site or kind '{target}' ({hint}{listed})"
+        )
     kernels, words = {}, {}
     for site in program.sites:
         target = site.name if site.name in requests else site.kind
@@ -152,21 +143,3 @@ def kernel_requests(
             kernels[site.name] = requests[target]
             words[site.name] = f"{CHOOSE} {target}={requests[target]}"
     return kernels, words
-
-
-def _unknown_target(
-    program: Program,
-    target: str,
-    kernel: str,
-    kinds: list[str],
-    other_options: Mapping[str, str] | None,
-) -> str:
-    asked = f"{CHOOSE} {target}={kernel}"
-    others = {LOWERING_CHOICE: "--lowering", **(other_options or {})}
-    if target in others:
-        return f"{asked}: {target} is not a kernel choice site; use {others[target]}"
-    sites = [site.name for site in program.sites]
-    near = difflib.get_close_matches(target, sites + kinds, n=1)
-    hint = f"did you mean '{near[0]}'? " if near else ""
-    listed = f"its sites: {', '.join(sites)}; kinds: {', '.join(kinds)}" if sites else "it has none"
-    return f"{asked}: the program has no choice site or kind '{target}' ({hint}{listed})"

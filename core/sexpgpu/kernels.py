@@ -1,17 +1,6 @@
-"""The kernel-choice rule, one for every lowering (no lowering's tensors here).
-
-A program's choice sites (:class:`sexpgpu.lang.ir.ChoiceSite`: ``attention:model.attn``,
-``stack:model.blocks``...) each get one kernel (:class:`sexpgpu.extension.KernelInfo`).
-A kernel *fits* a site when its ``kind`` is the site's kind, its ``lowering`` is the
-lowering choosing, and its ``devices`` include the device's kind (``cuda`` for
-``cuda:1``). Among the fitting kernels, only deterministic ones unless the run asks
-for non-deterministic execution, the highest ``priority`` wins, then the name in
-alphabetical order. A choice the run's :class:`sexpgpu.choices.Choices` pins (a
-resume's record, or the user's ``--choose``) is taken instead of the rule: a
-recorded name that fits nothing here is ``E-CHOICE-001``; a requested one must fit,
-and be deterministic in a deterministic run. The names chosen are what a trainer
-records as its ``choices`` (:func:`recorded`).
-"""
+"""The kernel-choice rule, one for every lowering (no lowering's tensors here), and
+the choice of a lowering: docs/plugins.md states both (its "Writing a kernel" and
+"sexpgpu_lowerings")."""
 
 from __future__ import annotations
 
@@ -50,48 +39,36 @@ def choose_kernels(
     kernels: Sequence[KernelInfo],
     choices: Choices,
 ) -> dict[str, KernelInfo]:
-    """The kernel for every choice site of ``program``, by the rule of this module.
-
-    A site ``choices`` pins takes its pinned kernel instead of the rule (pins for
-    sites the program no longer has are ignored). Raises :class:`CheckpointError`
-    ``E-CHOICE-001`` for a recorded name that fits nothing here, and
-    :class:`PluginError` for a site that no kernel fits, or for a request that fits
-    nothing here or is not deterministic in a deterministic run (naming the request
-    and the kernels that fit).
-    """
+    """The kernel for every choice site of ``program``: its pinned one, else by the rule
+    (pins for sites the program no longer has are ignored)."""
     here = fitting(kernels, lowering=lowering, device=device)
     deterministic = program.run.deterministic
     where = f"for the {lowering} lowering on {device_kind(device)}"
     chosen: dict[str, KernelInfo] = {}
     for site in program.sites:
+        of_kind = [k for k in here if k.kind == site.kind]
         pin = choices.pin(site.name)
-        if pin is not None and choices.is_request(site.name):
+        match = next((k for k in of_kind if k.name == pin), None)
+        if pin is None:
+            match = _by_rule(site, of_kind, deterministic, where)
+        elif choices.is_request(site.name):
             asked = choices.words(site.name)
-            chosen[site.name] = _requested(site, pin, asked, here, deterministic, where)
-        elif pin is not None:
-            chosen[site.name] = _pinned(site, pin, here, where)
-        else:
-            chosen[site.name] = _by_rule(site, here, deterministic, where)
+            _check_request(site, pin, asked, match, of_kind, deterministic, where)
+        elif match is None:
+            raise cannot_take(site.name, pin, f"no available {site.kind} kernel '{pin}' {where}")
+        chosen[site.name] = match
     return chosen
 
 
-def _pinned(site: ChoiceSite, name: str, here: Sequence[KernelInfo], where: str) -> KernelInfo:
-    match = next((k for k in here if k.kind == site.kind and k.name == name), None)
-    if match is None:
-        raise cannot_take(site.name, name, f"no available {site.kind} kernel '{name}' {where}")
-    return match
-
-
-def _requested(
+def _check_request(
     site: ChoiceSite,
     name: str,
     asked: str,
-    here: Sequence[KernelInfo],
+    match: KernelInfo | None,
+    of_kind: list[KernelInfo],
     deterministic: bool,
     where: str,
-) -> KernelInfo:
-    of_kind = [k for k in here if k.kind == site.kind]
-    match = next((k for k in of_kind if k.name == name), None)
+) -> None:
     if match is None:
         # the ones this run can take first, each part by the rule's order
         of_kind.sort(key=lambda k: (deterministic and not k.deterministic, rank(k)))
@@ -108,13 +85,12 @@ def _requested(
             f"{asked}: the {site.kind} kernel '{name}' is not deterministic and this run is "
             "(add :deterministic false to its defrun to take it)"
         )
-    return match
 
 
 def _by_rule(
-    site: ChoiceSite, here: Sequence[KernelInfo], deterministic: bool, where: str
+    site: ChoiceSite, of_kind: list[KernelInfo], deterministic: bool, where: str
 ) -> KernelInfo:
-    candidates = [k for k in here if k.kind == site.kind and (k.deterministic or not deterministic)]
+    candidates = [k for k in of_kind if k.deterministic or not deterministic]
     if not candidates:
         wanted = "deterministic " if deterministic else ""
         raise PluginError(
@@ -132,14 +108,8 @@ def recorded(chosen: Mapping[str, KernelInfo]) -> dict[str, str]:
 
 def choose_lowering(lowerings: Sequence[Any], *, device: str, choices: Choices) -> Any:
     """The :class:`sexpgpu.extension.LoweringInfo` ``choices`` names for a run on
-    ``device`` (``--lowering``, else a resume's pinned record), or ``None`` when none
-    is named: the run then takes the default for the device kind
-    (``LoweringInfo.default_for``).
-
-    A pinned one that cannot serve here is ``E-CHOICE-001``; a requested one that is
-    not installed or does not serve the device is a :class:`PluginError`. Conflicts
-    are the catalog's: a contested descriptor comes in refusing.
-    """
+    ``device``, or ``None`` when none is named (the run takes the device's default).
+    A contested descriptor comes in refusing, from the catalog."""
     kind = device_kind(device)
     name = choices.lowering()
     if name is None:

@@ -1,13 +1,11 @@
 """What plugins supply, in one table: per hook, the names two plugins must not both
-supply (a conflict). A conflict is never settled by load order: the contested thing
-is refused in one line (``E-PLUGIN-001``) naming every plugin that supplies it and how
-to disable all but one; everything else those plugins supply keeps working."""
+supply. A conflict is never settled by load order: the contested thing is refused
+(``E-PLUGIN-001``); everything else those plugins supply keeps working."""
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
-import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -20,8 +18,7 @@ PROJECT_DISTRIBUTION = "sexpgpu"
 
 
 def defaults_of(info: Any) -> tuple[str, ...]:
-    """The device kinds a lowering descriptor is the default for (``default_for``,
-    else every kind it serves)."""
+    """The device kinds a lowering is the default for (``default_for``, else ``devices``)."""
     return tuple(info.devices if info.default_for is None else info.default_for)
 
 
@@ -67,10 +64,8 @@ SUPPLIES: dict[str, Callable[[Any], tuple[str, ...]]] = {
     "sexpgpu_source_openers": lambda i: (f"source files '*{i.suffix}'",),
     "sexpgpu_run_options": lambda i: (f"run option '{i.flag}'",),
 }
-"""Every hook that supplies descriptors, with how a descriptor's keys are made: the
-phrases naming what it claims (``storage scheme 'file'``); two available plugins
-claiming one phrase conflict. (How ``sexpgpu plugins`` describes each is the CLI's.)
-Commands (``sexpgpu_cli_commands``) are keyed by command name where they are added."""
+"""Every hook that supplies descriptors, with the phrases naming what a descriptor
+claims (``storage scheme 'file'``). Commands are keyed where the CLI adds them."""
 
 COMMANDS_HOOK = "sexpgpu_cli_commands"
 
@@ -108,10 +103,7 @@ def conflict_message(what: str, owners: Sequence[tuple[str, str]]) -> str:
     built-in is the usual case), else the first."""
     named = [owner_text(name, where) for name, where in owners]
     listed = ", ".join(named[:-1]) + f" and {named[-1]}"
-    keep = next(
-        (name for name, where in owners if where.split(" ")[0] == PROJECT_DISTRIBUTION),
-        owners[0][0],
-    )
+    keep = next((name for name, where in owners if _ours(where)), owners[0][0])
     others = ",".join(name for name, _ in owners if name != keep)
     return (
         f"{CONFLICT_CODE}: {what} is supplied by more than one plugin: {listed}; "
@@ -124,9 +116,11 @@ def owner_text(name: str, where: str) -> str:
     plugin)``, or the core itself for the language's built-in ops."""
     if name == BUILT_IN:
         return "sexpgpu's built-in ops"
-    if where.split(" ")[0] == PROJECT_DISTRIBUTION:
-        return f"'{name}' (sexpgpu's own plugin)"
-    return f"'{name}' ({where})"
+    return f"'{name}' (sexpgpu's own plugin)" if _ours(where) else f"'{name}' ({where})"
+
+
+def _ours(where: str) -> bool:
+    return where.split(" ")[0] == PROJECT_DISTRIBUTION
 
 
 def find_conflicts(hook: str, claims: Iterable[tuple[Any, str, str]]) -> list[Conflict]:
@@ -143,17 +137,17 @@ def find_conflicts(hook: str, claims: Iterable[tuple[Any, str, str]]) -> list[Co
     ]
 
 
-def contested_keys(hook: str, info: Any, conflicts: Iterable[Conflict]) -> list[Conflict]:
-    """The conflicts among ``conflicts`` that ``info`` (a descriptor of ``hook``) is part of."""
-    keys = set(_keys(hook, info))
-    return [c for c in conflicts if c.hook == hook and c.what in keys]
-
-
 def _keys(hook: str, info: Any) -> tuple[str, ...]:
     try:
         return SUPPLIES[hook](info) if hook in SUPPLIES else ()
     except Exception:  # a malformed descriptor claims nothing; using it fails on its own
         return ()
+
+
+def contested_keys(hook: str, info: Any, conflicts: Iterable[Conflict]) -> list[Conflict]:
+    """The conflicts among ``conflicts`` that ``info`` (a descriptor of ``hook``) is part of."""
+    keys = set(_keys(hook, info))
+    return [c for c in conflicts if c.hook == hook and c.what in keys]
 
 
 def refusing(info: Any, conflict: Conflict) -> Any:
@@ -195,8 +189,3 @@ def exception_text(exc: BaseException) -> str:
         suppressed = current.__suppress_context__
         current = current.__cause__ or (None if suppressed else current.__context__)
     return "; caused by ".join(parts)
-
-
-def traceback_text(exc: BaseException) -> str:
-    """The formatted traceback of ``exc`` (for ``SEXPGPU_TRACE_PLUGINS``)."""
-    return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip()
