@@ -1,15 +1,8 @@
-"""The public API for plugin authors: the descriptors hooks return, the protocols
-the things they build must follow, and the list of core modules a plugin may use.
-
-A descriptor is a small frozen dataclass that can be built without importing
-anything heavy; its ``factory`` does the real work when the thing is used. The
-call contracts (a kernel per kind, an optimizer's update) are written here without
-any lowering's tensor type, so that every lowering follows the same ones.
-
-A protocol's optional members (:data:`OPTIONAL`) have their defaults on it: a class
-that subclasses it inherits them, and any other object gets them where the core takes
-it from its plugin (:func:`with_defaults`), so that no caller asks what an object has.
-"""
+"""The public API for plugin authors: the descriptors hooks return (frozen dataclasses built
+without importing anything heavy), the protocols of what they build, with their optional
+members' defaults, and the core modules a plugin may use. No contract names a lowering's
+tensor type, so that every lowering follows the same ones. These docstrings are the short
+form: docs/plugins.md ("The protocols", each hook's section) gives every contract whole."""
 
 from __future__ import annotations
 
@@ -29,7 +22,6 @@ if TYPE_CHECKING:
 
 
 # ---------------------------------------------------------------- the public API
-
 PUBLIC_API: Mapping[str, tuple[str, ...] | None] = {
     "sexpgpu": ("__version__",),
     # hooks, descriptors and the contracts of what they build
@@ -67,16 +59,11 @@ PUBLIC_API: Mapping[str, tuple[str, ...] | None] = {
     "sexpgpu.metrics": ("MetricsStream", "open_sinks"),
     "sexpgpu.signals": ("StopWatch", "process_watch"),
 }
-"""The core modules a plugin may import, each with the names it may take from it
-(``None``: every name not starting with ``_``). Anything else in the core may change
-without notice; ``tests/foundation/test_public_api.py`` holds every plugin to this."""
+"""The core modules a plugin may import, with the names it may take (``None``: all public)."""
 
 
 def module_missing(module: str, hint: str) -> str | None:
-    """For ``sexpgpu_unavailable``: a reason with ``hint`` when ``module`` cannot be imported.
-
-    Looks the module up without importing it, so checking stays cheap.
-    """
+    """For ``sexpgpu_unavailable``: a reason with ``hint`` when ``module`` is not installed."""
     if sys.modules.get(module) is not None:  # None there means "blocked": missing
         return None
     with contextlib.suppress(ImportError, ValueError):
@@ -86,61 +73,23 @@ def module_missing(module: str, hint: str) -> str | None:
 
 
 # ---------------------------------------------------------------- lowerings
-
-
 @runtime_checkable
 class Trainer(Protocol):
-    """What a lowering builds for a run: the step and eval functions over live tensors.
+    """What a lowering builds for a run, serving every stage: each step is proposed into new
+    tensors, checked, then committed (docs/plugins.md#lowering-trainer-and-rankgroup)."""
 
-    One trainer serves every stage of a program. A step is split so that
-    nothing changes until it is committed: ``propose`` runs forward, backward
-    and the optimizer into new tensors; ``find_non_finite`` looks at a proposal
-    (one fused check, one host sync); ``commit`` makes it the current state.
-    Optimizer states belong to a stage: entering a stage whose optimizer
-    differs starts its states afresh.
-
-    Four abilities are optional, with defaults here (:data:`OPTIONAL`): :meth:`use_group`
-    (training as one rank of several, with :attr:`exports_together`), :meth:`warm_up`
-    (compiling before the first step), :attr:`reads_loss_late` (a loss that waits for the
-    device) and :meth:`generate`.
-    """
-
-    choices: Mapping[str, str]
-    """What the lowering chose, as a checkpoint records it: each choice site's kernel
-    and whatever else it decided (its own names), as made or as pinned."""
-
-    reads_loss_late: bool = False
-    """True when reading a proposal's ``loss`` waits for the device: the run then
-    reads each step's loss once the next step is queued, or before anything else is
-    said of that step, so a step's metrics cost no host sync and the events keep
-    their order."""
-
-    exports_together: bool = False
-    """True when ``export`` is a collective (it gathers sharded tensors): every rank
-    then calls it at each of the writer's checkpoints, and only the writer keeps it."""
-
-    holds_replicas: bool = True
-    """False when each rank holds its own slices of the model, no copy of it: there
-    are no replicas to compare at the end, and ``export`` keeps nothing off the writer."""
-
-    evaluates_together: bool = False
-    """True when the first ``evaluate`` or ``generate`` after a step is a collective
-    (gathering sharded parameters): every rank then calls one at least once a pass."""
+    choices: Mapping[str, str]  #: what the lowering chose, as a checkpoint records it
+    reads_loss_late: bool = False  #: reading a proposal's ``loss`` waits for the device
+    exports_together: bool = False  #: ``export`` is a collective that every rank calls
+    holds_replicas: bool = True  #: False: each rank holds slices of the model, no copy
+    evaluates_together: bool = False  #: a step's first evaluate/generate is a collective
 
     def use_group(self, group: RankGroup) -> None:
-        """Train as one rank of ``group``: called once, before ``warm_up`` and before
-        any parameter is set, when a run has more than one rank. ``propose`` then takes the rank's part of
-        the global batch and averages the gradients across the ranks (the loss it
-        reports is the mean over the ranks). The default raises ``NotImplementedError``:
-        a trainer for one device only, which a run on several refuses before any step."""
+        """Train as one rank of ``group``; by default refused (one device only)."""
         raise NotImplementedError("this trainer trains on one device only")
 
     def warm_up(self) -> float | None:
-        """Compile every graph a run calls (losses with their backward, updates, eval
-        passes) now, on stand-ins, and return the seconds it took (``run started``
-        logs them). ``sexpgpu run`` calls it once, right after lowering and before any
-        parameter is set; ``sexpgpu evaluate`` never does. The default compiles
-        nothing and returns ``None``."""
+        """Compile every graph a run calls, now; the seconds it took (default ``None``)."""
         return None
 
     def generate(
@@ -152,50 +101,34 @@ class Trainer(Protocol):
         draw: tuple,
         stopping: Any,
     ) -> dict[str, np.ndarray] | None:
-        """The records of ``generator`` (:class:`sexpgpu.lang.ir.Generator`) for ``batch``'s
-        prompts, trip by trip, drawn from ``(seed, "generate", generator.name, *draw,
-        trip)``; ``None`` (abandoned) when ``stopping()`` holds before a trip."""
+        """The records of ``generator`` for ``batch``'s prompts; ``None`` when abandoned."""
         raise NotImplementedError("this trainer does not generate")
 
     def init_params(self) -> None:
         """Initialise every parameter from the run's seed (``(seed, "init", path)``)."""
 
     def set_params(self, params: Mapping[str, np.ndarray]) -> None:
-        """Replace the named parameters by value (f32 arrays, cast to each parameter's
-        dtype): the core reads ``:load`` parameters from their files and gives them
-        here, after ``init_params`` on a fresh start and after ``restore`` (for the
-        frozen ones, which a checkpoint does not hold) on a resume. The arrays are
-        handed over: a trainer may keep a writable one instead of copying it."""
+        """Replace the named parameters by value (f32 arrays, which it may keep)."""
 
     def propose(self, batch: Mapping[str, np.ndarray], *, stage: int, step: int, lr: float) -> Any:
-        """Forward, backward and optimizer update for one batch of ``stage``, into new tensors.
-
-        ``step`` is the 1-based global number of the step being taken (it seeds
-        dropout). Returns an opaque proposal with ``proposal.loss`` (a float).
-        """
+        """Forward, backward and update into new tensors; a proposal with ``loss``."""
 
     def find_non_finite(self, proposal: Any) -> tuple[str, str, int] | None:
-        """``None`` when every proposed tensor is finite, else (kind, name, count):
-        kind is ``parameter`` or ``state``; name is ``path`` or ``path/state``; the
-        first offender in parameter order, parameters before their states."""
+        """``None``, or (kind, name, count) of the proposal's first non-finite tensor."""
 
     def commit(self, proposal: Any) -> None:
         """Make the proposal the current parameters and optimizer states."""
 
     def export(self, *, reuse: bool = False) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-        """Host copies of (parameters by path, current stage's states by ``path/state``),
-        ``bf16`` as ``f32``, leaving out frozen ``:load`` parameters; safe to write while training goes on. With ``reuse`` the
-        trainer may overwrite and hand back the previous export's arrays (the caller
-        is done with them), which saves allocating a model's worth per checkpoint."""
+        """Host copies of (parameters, the stage's states), safe to write while training goes on."""
 
     def restore(
         self, params: Mapping[str, np.ndarray], states: Mapping[str, np.ndarray], *, stage: int
     ) -> None:
-        """Take parameters and ``stage``'s optimizer states back from a checkpoint;
-        ``params`` lacks the frozen ``:load`` ones (given by ``set_params``)."""
+        """Take parameters and ``stage``'s optimizer states back from a checkpoint."""
 
     def evaluate(self, pass_name: str, batch: Mapping[str, np.ndarray]) -> dict[str, float]:
-        """Run an eval pass's graph on one batch (no dropout, no gradients); each metric's value."""
+        """Each metric's value of an eval pass on one batch (no dropout, no gradients)."""
 
 
 E_GROUP = "E-DP-003"
@@ -204,23 +137,13 @@ E_GROUP = "E-DP-003"
 
 @runtime_checkable
 class RankGroup(Protocol):
-    """The ranks of a data-parallel run, one process each, as a lowering joins them.
+    """The ranks of a data-parallel run, one process each; a collective raises ``RunError``
+    (:data:`E_GROUP`) when a rank is gone (docs/plugins.md#lowering-trainer-and-rankgroup)."""
 
-    The trainer shares the work of each step (``Trainer.use_group``); the run loop
-    uses the group for what the ranks must agree on: whether to stop after a step,
-    the finite guard's verdict, and that the ranks still hold the same bytes. Only the writer (rank 0) writes
-    checkpoints, metrics and the status file. Every collective raises
-    :class:`sexpgpu.errors.RunError` (:data:`E_GROUP`) when a rank is gone.
-    """
-
-    rank: int
-    """This process's rank, 0 to ``size - 1``."""
-    size: int
-    """How many ranks (devices) the run has in all."""
-    nodes: int
-    """How many machines they are on."""
-    device: str
-    """The device this rank trains on (``cuda`` becomes ``cuda:<local rank>``)."""
+    rank: int  #: this process's rank, 0 to ``size - 1``
+    size: int  #: how many ranks (devices) the run has in all
+    nodes: int  #: how many machines they are on
+    device: str  #: the device this rank trains on (``cuda:<local rank>``)
 
     @property
     def is_writer(self) -> bool:
@@ -241,9 +164,7 @@ class RankGroup(Protocol):
 
 @dataclass(frozen=True)
 class Supplies:
-    """What the catalog supplies a lowering with: every available kernel, every
-    available optimizer by name, and the new ops plugins supply (each with its
-    implementations by lowering; see :func:`sexpgpu.lang.ops.implementation_of`)."""
+    """What a lowering is handed: every available kernel, optimizer (by name) and plugin op."""
 
     kernels: Sequence[KernelInfo] = ()
     optimizers: Mapping[str, OptimizerInfo] = field(default_factory=dict)
@@ -256,149 +177,78 @@ class Lowering(Protocol):
     def lower(
         self, program: Program, *, device: str, supplies: Supplies, choices: Choices
     ) -> Trainer:
-        """Build a :class:`Trainer` for ``program`` on ``device`` (``cpu``, ``cuda``, ``cuda:1``).
-
-        The lowering picks a kernel per choice site among ``supplies.kernels`` with
-        :func:`sexpgpu.kernels.choose_kernels` (the one rule for every lowering),
-        which takes the kernels ``choices`` pins (a resume's record, the user's
-        ``--choose``) and raises :class:`sexpgpu.errors.CheckpointError`
-        ``E-CHOICE-001`` for a recorded one it cannot take here. It takes every
-        other choice it records the same way: ``choices.pin(name)`` is the value a
-        resume recorded or the user asked for (``None``: its own rule), and a pinned
-        value it cannot take is ``E-CHOICE-001``
-        (:func:`sexpgpu.choices.cannot_take`).
-        """
+        """A :class:`Trainer` for ``program`` on ``device``, taking what ``choices`` pins."""
 
 
 @dataclass(frozen=True)
 class LoweringInfo:
-    """A lowering: its name, the device kinds it serves, and a lazy factory.
-
-    ``sexpgpu run --lowering NAME`` picks one by name; without it a run takes the
-    lowering that is the default for its device kind (``default_for``). The name
-    is recorded as the choice ``lowering`` and pinned on resume."""
+    """A lowering, serving device kinds, with a lazy factory (docs/plugins.md#sexpgpu_lowerings)."""
 
     name: str
     devices: tuple[str, ...]
     factory: Callable[[], Lowering]
     doc: str = ""
-    default_for: tuple[str, ...] | None = None
-    """The device kinds where a run takes this lowering unless ``--lowering`` names
-    another; ``None``: every kind in ``devices``. Two available lowerings that are
-    the default for one kind are a conflict; serving one (by name) is not."""
-    group: Callable[[str], RankGroup | None] | None = None
-    """Joins the group of ranks a launcher started (``sexpgpu run --devices N``,
-    ``torchrun``) for a device (``cpu``, ``cuda``): the :class:`RankGroup`, or
-    ``None`` when the process was not launched as one of several ranks. A lowering
-    without it trains on one device only."""
-    unrecorded: bool = False
-    """Whether a checkpoint that records no ``lowering`` choice (one written before the
-    choice was recorded) ran on this lowering: a resume pins it then."""
+    default_for: tuple[str, ...] | None = None  #: kinds it is the default for (None: devices)
+    group: Callable[[str], RankGroup | None] | None = None  #: joins the ranks a launcher started
+    unrecorded: bool = False  #: a checkpoint that records no ``lowering`` choice ran on it
+    #: the environment its libraries must start with to take the pinned choices
     environment: Callable[[Mapping[str, str]], Mapping[str, str]] | None = None
-    """The environment variables the lowering's libraries must start with to take
-    these pinned choices (``OMP_NUM_THREADS`` for a thread count): ``sexpgpu run``
-    sets them before anything imports those libraries, since some read their
-    settings only once, when they start. Must not import them."""
+    #: the environment that makes its compiler keep its caches in a folder
     compile_cache: Callable[[str], Mapping[str, str]] | None = None
-    """The environment variables that make the lowering's compiler keep its caches
-    (compiled kernels and the decisions behind them) in a folder. ``sexpgpu bundle``
-    compiles into an empty one and ships it; a run from the bundle compiles from its
-    copy, loading the same kernels instead of choosing again. ``None``: the lowering
-    compiles nothing. Must not import the compiler."""
+    #: runs the ranks of ``sexpgpu run --devices N``: (exit code, the line to say)
     launch: Callable[..., tuple[int, str | None]] | None = None
-    """``launch(command, *, workers, max_restarts, device, logs)`` runs ``workers``
-    processes of ``command`` as the ranks ``group`` joins (``sexpgpu run --devices N``),
-    waits, and returns the exit code and the line to say (docs/plugins.md)."""
 
 
 @dataclass(frozen=True)
 class RunOptionInfo:
-    """An option a plugin adds to ``sexpgpu run``: ``flag VALUE`` requests the recorded
-    choice ``choice`` (``--threads 2``: ``cpu.threads=2``; E-CHOICE-001 names the flag).
-    It takes one of ``values``, an integer no less than ``minimum``, or any text."""
+    """An option a plugin adds to ``sexpgpu run`` (docs/plugins.md#sexpgpu_run_options)."""
 
     flag: str
-    choice: str
+    choice: str  #: the recorded choice that ``flag VALUE`` requests
     help: str = ""
-    values: tuple[str, ...] = ()
-    minimum: int | None = None
+    values: tuple[str, ...] = ()  #: the words it takes
+    minimum: int | None = None  #: or the least integer it takes (neither: any text)
 
 
-# ---------------------------------------------------------------- kernels
-
-
+# ---------------------------------------------------------------- kernels and ops
 Tensor = Any
 """A lowering's tensor (``torch.Tensor`` for the torch lowering); the core never imports one."""
 
 
 @dataclass(frozen=True)
 class KernelInfo:
-    """One implementation of a kind of choice site.
+    """One implementation of a kind of choice site (docs/plugins.md#writing-a-kernel)."""
 
-    ``kind`` is the site kind (``attention``, ``stack``, ``conv2d``...) and fixes what
-    ``factory()`` returns (:data:`sexpgpu.lang.ops.KERNEL_CALLS`); ``name`` is recorded as the choice
-    (``math``, ``sdpa``, ``unrolled``). ``lowering`` names the lowering that can call
-    it and ``devices`` the device kinds where it runs. ``deterministic`` promises the
-    same bits for the same inputs on the same machine, backward included. The choice
-    among the kernels that fit is :func:`sexpgpu.kernels.choose_kernels`: deterministic
-    ones only unless the run asks otherwise, the highest ``priority``, then the name.
-    ``inline`` (stack kernels) lets the lowering emit the iterations into the program
-    instead of calling the kernel; the result must be the same as calling it.
-    """
-
-    kind: str
-    name: str
-    lowering: str
-    devices: tuple[str, ...]
-    deterministic: bool
-    factory: Callable[[], Callable[..., Any]]
-    priority: int = 0
+    kind: str  #: the site kind it implements (``attention``, ``conv2d``, ``stack``)
+    name: str  #: recorded as the choice
+    lowering: str  #: the lowering that can call it
+    devices: tuple[str, ...]  #: the device kinds it runs on
+    deterministic: bool  #: the same bits for the same inputs, backward included
+    factory: Callable[[], Callable[..., Any]]  #: returns the callable
+    priority: int = 0  #: higher wins
     doc: str = ""
-    inline: bool = False
-
-
-# ---------------------------------------------------------------- ops
+    inline: bool = False  #: (``stack``) the lowering may emit the iterations itself
 
 
 @dataclass(frozen=True)
 class OpInfo:
-    """An op of the language, as a plugin supplies it.
-
-    ``name`` is the op's name (``squareplus``: the IR op on its nodes, and its
-    name in `.sx` files unless the spec gives others); ``spec`` is its
-    :class:`sexpgpu.lang.ops.OpSpec` (arguments, keywords, inference);
-    ``implementations`` maps a lowering's name (``torch``) to a factory
-    returning that lowering's implementation of the op (for ``torch``:
-    ``build(attrs) -> fn(*tensors)``; docs/plugins.md, "Adding an op"). An
-    ``OpInfo`` whose spec is a built-in op's (``sexpgpu.lang.ops.BUILTINS``)
-    supplies implementations of that op, as the torch plugin does.
-    """
+    """An op of the language and its implementations (docs/plugins.md#sexpgpu_ops)."""
 
     name: str
-    spec: Any
+    spec: Any  #: its :class:`sexpgpu.lang.ops.OpSpec`
+    #: by lowering's name, the factory of its implementation there
     implementations: Mapping[str, Callable[[], Any]] = field(default_factory=dict)
     doc: str = ""
 
 
 # ---------------------------------------------------------------- optimizers
-
-
 class OptimizerUpdate(Protocol):
-    """What an optimizer's factory returns: a propose-then-commit update.
-
-    The lowering keeps parameters and states; the update only computes new ones, so
-    a step the run refuses (non-finite values) changes nothing. Gradients arrive
-    already clipped to the stage's global norm (``:clip``) when it asks for it. The
-    update count is not a state: the lowering derives it from the step number and
-    the first step of the stages sharing these states, which survives a resume.
-    """
+    """An optimizer's propose-then-commit update (docs/plugins.md#writing-an-optimizer)."""
 
     def init_states(
         self, params: Sequence[Tensor], options: Mapping[str, Any]
     ) -> dict[str, list[Tensor]]:
-        """Fresh states for the trainable ``params``: one list per name that
-        ``OptimizerInfo.state_names(options)`` gives, aligned with ``params`` (zeros,
-        f32, on the parameters' device). Checkpointed as ``path/state``."""
+        """Fresh states for the trainable ``params``: a list per state name, one a parameter."""
 
     def propose(
         self,
@@ -411,84 +261,50 @@ class OptimizerUpdate(Protocol):
         options: Mapping[str, Any],
         decay: Sequence[bool],
     ) -> tuple[list[Tensor], dict[str, list[Tensor]]]:
-        """New (parameters, states) computed from the current ones, which must be left
-        untouched. ``lr`` is the scheduled rate of this step; ``count`` the 1-based
-        number of this update since the states started (bias correction); ``options``
-        the optimizer's defaults overridden by the `.sx` file's; ``decay[i]`` whether
-        parameter ``i`` takes weight decay. New parameters keep their inputs' dtypes."""
+        """New (parameters, states) from the current ones, which it leaves untouched."""
 
-    elementwise: bool = False
-    """Whether each new element comes from the same element alone (``:shard full`` needs it)."""
+    elementwise: bool = False  #: each new element comes from the same element alone
 
 
 @dataclass(frozen=True)
 class OptimizerInfo:
-    """A named optimizer.
-
-    ``options`` maps each option a `.sx` file may give to its default;
-    ``state_names`` gives, for the options in use, the states kept per
-    parameter (``("m", "v")`` for adam). ``factory`` returns the
-    :class:`OptimizerUpdate` the lowering calls.
-    """
+    """A named optimizer (docs/plugins.md#sexpgpu_optimizers)."""
 
     name: str
-    options: Mapping[str, Any]
-    state_names: Callable[[Mapping[str, Any]], tuple[str, ...]]
-    factory: Callable[[], Any]
+    options: Mapping[str, Any]  #: each option's default
+    state_names: Callable[[Mapping[str, Any]], tuple[str, ...]]  #: the states per parameter
+    factory: Callable[[], Any]  #: builds its :class:`OptimizerUpdate`
     doc: str = ""
-    plugin: str | None = None
-    """The plugin that supplies it: set by the catalog, for messages."""
+    plugin: str | None = None  #: the plugin that supplies it: set by the catalog
 
 
 # ---------------------------------------------------------------- storage
-
-
 @dataclass(frozen=True)
 class ObjectIdentity:
-    """What an object is, for pinning: its size in bytes and a version that changes
-    whenever its bytes may have (S3's ETag, GCS's ``generation:<n>``, ``sha256:<hex>``)."""
+    """An object's size and a version that changes whenever its bytes may have, for pinning."""
 
     size: int
     version: str
 
 
 class Storage(Protocol):
-    """A checkpoint location opened by a storage backend.
+    """A checkpoint location, as a storage backend opened it (docs/plugins.md#storage)."""
 
-    Keys are ``/``-separated, relative to the location and without a leading ``/``
-    (``step-00000004/params.safetensors``); a folder is a prefix of keys, never written
-    itself. Every method raises :class:`sexpgpu.errors.StorageError` with one clear line
-    and a code of :mod:`sexpgpu.checkpoint.storage` on failure: a missing object read is
-    ``E-STORAGE-003``. Three members are optional, with defaults here (:data:`OPTIONAL`):
-    :attr:`takes_crc32c`, :attr:`read_range_into` and :meth:`remove_temporaries`.
-    """
-
-    uri: str
-    """The location as the user wrote it, normalised (no trailing slash)."""
-
-    takes_crc32c: bool = False
-    """Whether ``write_many`` takes ``crc32c=``, each key's CRC32C (base64 of 4 big-endian
-    bytes) for the service to verify the upload, computed first (else while it runs)."""
-
-    read_range_into: Callable[[str, int, memoryview], int] | None = None
-    """``(key, start, buffer) -> bytes read``: ``read_range`` into a buffer, sparing a copy
-    of each tensor ``:load`` reads; ``None``: only ``read_range``."""
+    uri: str  #: the location as the user wrote it, without a trailing ``/``
+    takes_crc32c: bool = False  #: ``write_many`` takes ``crc32c=``, each key's checksum
+    read_range_into: Callable[[str, int, memoryview], int] | None = None  #: spares a copy
 
     def remove_temporaries(self, prefix: str = "") -> None:
-        """Remove what cut-off writes left under ``prefix``, once none runs there; by
-        default nothing (an object store's uploads appear only when complete)."""
+        """Remove what cut-off writes left under ``prefix``; by default nothing."""
 
     def describe(self) -> str:
-        """A one-line description for messages: the location and the credential source, no secrets."""
+        """One line for messages: the location and the credential source, no secrets."""
 
     def check_writable(self) -> None:
-        """Prove the location can be listed and written (before a run's first step):
-        list it, write and delete a probe named ``PROBE_PREFIX...`` (never listed)."""
+        """Prove the location can be listed and written (with a probe), before step 1."""
 
     def list_children(self, prefix: str = "") -> list[str]:
-        """The sorted names (not keys: no ``prefix``, no trailing ``/``) of the objects and
-        folders directly under ``prefix``, a folder's key without a trailing ``/`` (``""``:
-        the location; one is tolerated); ``[]`` when nothing is there."""
+        """The sorted names of the objects and folders directly under ``prefix``."""
 
     def exists(self, key: str) -> bool:
         """Whether an object is stored at ``key`` (a folder is none)."""
@@ -497,98 +313,76 @@ class Storage(Protocol):
         """The whole object at ``key``."""
 
     def read_range(self, key: str, start: int, length: int) -> bytes:
-        """``length`` bytes of ``key`` from ``start`` (fewer, maybe none, at the end).
-
-        ``:load`` reads a safetensors header and each tensor with one call each."""
+        """``length`` bytes of ``key`` from ``start`` (fewer, maybe none, at the end)."""
 
     def write(self, key: str, data: bytes | memoryview) -> None:
         """Store ``data`` at ``key`` durably, all or nothing, replacing what was there."""
 
     def write_many(self, items: Mapping[str, bytes | memoryview]) -> None:
-        """Store several objects concurrently; returns once every one is stored, else
-        raises the first failure once all have ended (with checksums: :attr:`takes_crc32c`)."""
+        """Store several objects concurrently; the first failure once all have ended."""
 
     def delete(self, key: str) -> None:
         """Remove the object at ``key`` (no error when it is not there)."""
 
     def identity(self, key: str) -> ObjectIdentity:
-        """``ObjectIdentity(size, version)`` of the object: a checkpoint records it for
-        each ``:load`` file, and a resume compares (``E-LOAD-001``)."""
+        """The object's size and version, which a checkpoint records for a ``:load`` file."""
 
 
 Opener = Callable[[str], Storage]
-"""Opens a location by its URI with the backend that serves its scheme
-(:meth:`sexpgpu.catalog.Catalog.open_location`)."""
+"""Opens a location by its URI (:meth:`sexpgpu.catalog.Catalog.open_location`)."""
 
 
 @dataclass(frozen=True)
 class StorageBackendInfo:
-    """A storage backend: the URI schemes it opens and a factory taking the URI.
-    A plain path has the scheme ``file``."""
+    """A storage backend (docs/plugins.md#sexpgpu_storage_backends)."""
 
-    schemes: tuple[str, ...]
-    factory: Callable[[str], Storage]
+    schemes: tuple[str, ...]  #: the URI schemes it opens (a plain path's is ``file``)
+    factory: Callable[[str], Storage]  #: opens a location by its URI
     doc: str = ""
 
 
 # ---------------------------------------------------------------- source files
-
-
 @dataclass
 class OpenedSource:
     """A file ``sexpgpu run`` took as something else than a `.sx` file (a bundle), opened:
-    the `.sx` ``file`` to compile, the selection and choices it carries, and what a run
-    of it may read. The core holds the opened source as one thing, from the command line
-    to the checkpoint; an opener subclasses it for :meth:`lowered`."""
+    the one thing that carries it through the run (docs/plugins.md#sexpgpu_source_openers)."""
 
-    named: str
-    """The file as the user named it (``run.sxb``, ``s3://bucket/run.sxb``)."""
-    file: str
-    root: str | None = None
-    """A folder whose files a checkpoint names by their paths in it, the same wherever it
-    is opened (``sources/run.sx``); ``None``: by their own paths."""
-    sets: Mapping[str, str] = field(default_factory=dict)
+    named: str  #: the file as the user named it (``s3://bucket/run.sxb``)
+    file: str  #: the `.sx` file to compile
+    root: str | None = None  #: a folder whose files a checkpoint names by their paths in it
+    sets: Mapping[str, str] = field(default_factory=dict)  #: with the next two, its selection
     variant: str | None = None
     steps: int | None = None
-    choices: Mapping[str, str] | None = None
-    """Recorded choices a fresh start pins as a checkpoint's are (``None``: none)."""
-    files: Callable[[str, str], None] | None = None
-    """Refuses a file the program names that it may not read (``FileCheck``)."""
-    compile_cache: str | None = None
-    """A folder of compile caches its recorded lowering reads (``LoweringInfo.compile_cache``)."""
-    called: str = "the source's"
-    """How a line names whose choices these are (``the bundle's``)."""
+    choices: Mapping[str, str] | None = None  #: recorded choices a fresh start pins
+    files: Callable[[str, str], None] | None = None  #: refuses a file it may not read
+    compile_cache: str | None = None  #: a folder of compile caches the lowering reads
+    called: str = "the source's"  #: how a line names whose choices these are
 
     def lowered(self, lower: Callable[[], Any], *, fresh: bool) -> Any:
-        """``lower()`` (a :class:`sexpgpu.session.Lowered`), refused in the opener's terms
-        where it took or refused :attr:`choices` otherwise (a bundle made on another kind
-        of machine); ``fresh``: the run chooses afresh. By default as it comes."""
+        """``lower()``, or a refusal in the opener's terms; by default as it comes."""
         return lower()
 
 
 class SourceOpener(Protocol):
+    """Opens a kind of file for a run (docs/plugins.md#sexpgpu_source_openers)."""
+
     def open(self, name: str, catalog: Any, *, fresh: bool) -> OpenedSource:
-        """Open ``name`` (local or in a store, through ``catalog.open_location``), checked
-        before anything of it is compiled; a refusal is one :class:`SexpError`. What it
-        unpacks lives as long as the process."""
+        """``name`` opened and checked before anything of it is compiled."""
 
 
 @dataclass(frozen=True)
 class SourceOpenerInfo:
-    """A kind of file ``sexpgpu run`` and ``sexpgpu.train.run`` take, told by the end of
-    its name (``.sxb``), and the factory of its :class:`SourceOpener`."""
+    """A kind of file a run takes (docs/plugins.md#sexpgpu_source_openers)."""
 
     name: str
-    suffix: str
-    factory: Callable[[], SourceOpener]
+    suffix: str  #: the end of the file's name that tells it (``.sxb``)
+    factory: Callable[[], SourceOpener]  #: builds its opener
     doc: str = ""
 
 
 # ---------------------------------------------------------------- metrics
-
-
 class MetricsSink(Protocol):
-    """Receives the metrics stream. Called from the stream's own thread, never the step loop."""
+    """Receives the metrics stream, on the stream's own thread (docs/plugins.md#metricssink)."""
 
     def write(self, events: Sequence[Mapping[str, Any]]) -> None:
         """Deliver events in order; raising means "try again later"."""
@@ -604,22 +398,17 @@ class MetricsSink(Protocol):
 
 @dataclass(frozen=True)
 class MetricsSinkInfo:
-    """A metrics sink: a name for ``--metrics-sink`` and a factory taking
-    (metrics folder, experiment slug)."""
+    """A metrics sink (docs/plugins.md#sexpgpu_metrics_sinks)."""
 
-    name: str
-    factory: Callable[[str, str], MetricsSink]
+    name: str  #: what ``--metrics-sink`` names
+    factory: Callable[[str, str], MetricsSink]  #: takes (metrics folder, experiment slug)
     doc: str = ""
-    location: Callable[[str, str], str] | None = None
-    """Where the sink writes an experiment, from (metrics folder, slug), as a person
-    finds it (a file, a folder, a URL): a run's closing summary names it."""
+    location: Callable[[str, str], str] | None = None  #: where a person finds what it wrote
 
 
 # ---------------------------------------------------------------- data
-
-
 class DataLoader(Protocol):
-    """An open data source: yields batches and can say and restore where it is."""
+    """An open data source: its batches, and where it is (docs/plugins.md#dataloader)."""
 
     def next_batch(self) -> dict[str, np.ndarray]:
         """The next batch, one array per field declared by the source's ``fields``."""
@@ -628,12 +417,10 @@ class DataLoader(Protocol):
         """Where the loader is, as JSON (saved in ``state.json``)."""
 
     def restore(self, position: Mapping[str, Any]) -> None:
-        """Go back to a saved position, so that the batches that follow are the ones
-        that would have come."""
+        """Go back to a saved position: the batches that follow are the ones that would have."""
 
     def next_part(self, part: int, parts: int) -> dict[str, np.ndarray]:
-        """Block ``part`` of ``parts`` equal blocks of the next batch's rows (a rank's share),
-        moving as ``next_batch`` does; by default cut from the whole batch."""
+        """Block ``part`` of ``parts`` of the next batch's rows; by default cut from the whole."""
         batch = self.next_batch()
         share = len(next(iter(batch.values()))) // parts
         return {name: rows[part * share : (part + 1) * share] for name, rows in batch.items()}
@@ -641,61 +428,35 @@ class DataLoader(Protocol):
 
 @dataclass(frozen=True)
 class DataSourceInfo:
-    """A data source for ``defdata``.
-
-    ``options`` maps each option to its default. ``fields(options, seq, batch)``
-    returns the batch's fields and their types without loading any data (it may
-    read a file's header). ``factory(options, seq, batch, seed)`` opens a
-    :class:`DataLoader`. ``counts`` says which field's elements count as
-    ``tokens`` (``records`` is always the batch size). ``path_options`` are the
-    options that name files: the compiler makes a relative one relative to the
-    `.sx` file that writes it, as ``include`` and ``:load`` are, before
-    ``fields`` and ``factory`` see it. ``check(options, seq, batch)``, if given,
-    raises if the source's files are missing or too short: the compiler calls it for
-    ``run`` and ``check``, but not for ``sexpgpu evaluate``, which opens only the data
-    its passes read (an evaluator on another machine has no training data). A source
-    whose ``fields`` need a file (``npy`` reads its headers) needs it everywhere.
-    ``prompt_length(options, seq)``: the tokens of ``inputs`` that prompt a generator;
-    ``verify(options, seq, records)``: its records' rewards (docs/generate.md).
-    """
+    """A data source for ``defdata`` (docs/plugins.md#sexpgpu_data_sources)."""
 
     name: str
-    options: Mapping[str, Any]
-    fields: Callable[[Mapping[str, Any], int, int], Mapping[str, TensorType]]
-    factory: Callable[[Mapping[str, Any], int, int, int], DataLoader]
-    check: Callable[[Mapping[str, Any], int, int], None] | None = None
-    tokens_field: str | None = "inputs"
+    options: Mapping[str, Any]  #: each option's default
+    fields: Callable[[Mapping[str, Any], int, int], Mapping[str, TensorType]]  #: without data
+    factory: Callable[[Mapping[str, Any], int, int, int], DataLoader]  #: opens its loader
+    check: Callable[[Mapping[str, Any], int, int], None] | None = None  #: refuses its files
+    tokens_field: str | None = "inputs"  #: the field whose elements count as ``tokens``
     doc: str = ""
-    option_docs: Mapping[str, str] = field(default_factory=dict)
-    path_options: tuple[str, ...] = ()
-    prompt_length: Callable[[Mapping[str, Any], int], int] | None = None
+    option_docs: Mapping[str, str] = field(default_factory=dict)  #: a line per option
+    path_options: tuple[str, ...] = ()  #: the options that name files
+    prompt_length: Callable[[Mapping[str, Any], int], int] | None = None  #: a prompt's tokens
+    #: a generator's records' rewards
     verify: Callable[[Mapping[str, Any], int, Mapping[str, np.ndarray]], np.ndarray] | None = None
 
 
 # ---------------------------------------------------------------- evaluation
-
-
 @dataclass(frozen=True)
 class EvalMetricInfo:
-    """A named eval metric that ``(eval ... :metrics (NAME ...))`` may list.
-
-    ``expression`` is `.sx` text computing one scalar per batch, over the names
-    ``logits`` (the model applied to the batch's ``inputs``), ``targets`` (the
-    batch's field) and ``loss`` (the run's ``:loss`` on the batch); it may call
-    any op, a plugin's included. The pass averages the per-batch values over its
-    batches, then ``finish`` (``None``: the mean itself) turns the mean into the
-    reported number on the host (``perplexity`` is ``exp`` of the mean ``loss``).
-    """
+    """A named eval metric for ``:metrics`` (docs/plugins.md#sexpgpu_eval_metrics)."""
 
     name: str
-    expression: str
-    finish: Callable[[float], float] | None = None
+    expression: str  #: `.sx` text of one scalar per batch
+    finish: Callable[[float], float] | None = None  #: the number from the mean (None: itself)
     doc: str = ""
 
 
 class Evaluator(Protocol):
-    """Runs eval passes on a live trainer: what a run and ``sexpgpu evaluate`` both call,
-    so a pass gives the same numbers in either."""
+    """Runs eval passes for a run and ``sexpgpu evaluate`` alike (docs/plugins.md#evaluator)."""
 
     def run_pass(
         self,
@@ -707,29 +468,19 @@ class Evaluator(Protocol):
         stopping: Callable[[], bool],
         group: RankGroup | None = None,
     ) -> dict[str, float] | None:
-        """Run ``eval_pass`` (a :class:`sexpgpu.lang.ir.EvalPass`) over its batches.
-
-        ``open_batches(eval_pass, seed)`` opens its :class:`sexpgpu.batches.Batches`
-        (``.loader``, and ``.made(batch, draw)``: the records the pass's generator makes,
-        when it has one); ``seed`` is the run's; the ``group`` of several ranks shares
-        the batches.
-        Returns each metric's number, or ``None`` when ``stopping()`` became true
-        before a batch (a signal): the pass then reports nothing.
-        """
+        """Each metric's number over the pass's batches; ``None`` if stopped before one."""
 
 
 @dataclass(frozen=True)
 class EvaluatorInfo:
-    """The eval-pass runner: ``factory(metrics)`` builds an :class:`Evaluator` given
-    every available :class:`EvalMetricInfo` by name. One plugin supplies it."""
+    """The eval-pass runner, one plugin's (docs/plugins.md#sexpgpu_evaluators)."""
 
     name: str
-    factory: Callable[[Mapping[str, EvalMetricInfo]], Evaluator]
+    factory: Callable[[Mapping[str, EvalMetricInfo]], Evaluator]  #: given every metric by name
     doc: str = ""
 
 
 # ---------------------------------------------------------------- optional members
-
 OPTIONAL: Mapping[type, tuple[str, ...]] = {
     Trainer: (
         *("reads_loss_late", "exports_together", "holds_replicas", "evaluates_together"),
@@ -740,7 +491,8 @@ OPTIONAL: Mapping[type, tuple[str, ...]] = {
     OptimizerUpdate: ("elementwise",),
     MetricsSink: ("name",),
 }
-"""Each protocol's optional members, whose defaults its class holds."""
+"""Each protocol's optional members, whose defaults its class holds: a class that
+subclasses it inherits them, and :func:`with_defaults` gives them to any other object."""
 
 P = TypeVar("P")
 
@@ -748,7 +500,8 @@ P = TypeVar("P")
 def with_defaults(obj: Any, protocol: type[P]) -> P:
     """``obj``, a plugin's ``protocol``, with every optional member: itself when it
     subclasses the protocol, else a view adding the defaults of those it lacks."""
-    return obj if protocol in type(obj).__mro__ else _WithDefaults(obj, protocol)  # type: ignore[return-value]
+    subclassed = protocol in type(obj).__mro__
+    return obj if subclassed else _WithDefaults(obj, protocol)  # type: ignore[return-value]
 
 
 class _WithDefaults:
