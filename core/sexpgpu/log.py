@@ -20,20 +20,18 @@ _SECRET_KEY = re.compile(
 _configured = False
 
 
-def _masked(value: Any) -> Any:
+def _masked(value: Any, key: str = "") -> Any:
+    if _SECRET_KEY.search(key):
+        return "***"
     if isinstance(value, dict):
-        return {k: "***" if _SECRET_KEY.search(str(k)) else _masked(v) for k, v in value.items()}
+        return {k: _masked(v, str(k)) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return type(value)(_masked(v) for v in value)
     return value
 
 
 def _mask_secrets(logger: Any, method: str, event: dict[str, Any]) -> dict[str, Any]:
-    for key in list(event):
-        if key == "event":
-            continue
-        event[key] = "***" if _SECRET_KEY.search(key) else _masked(event[key])
-    return event
+    return {key: value if key == "event" else _masked(value, key) for key, value in event.items()}
 
 
 class _Stderr:
@@ -56,9 +54,8 @@ _applied: dict[str, Any] = {}
 
 
 def configure(level: str = "info", fmt: str = "auto", stream: Any = None) -> None:
-    """Set how log lines are written: ``fmt`` is ``console``, ``json`` or ``auto``
-    (console on a terminal, JSON otherwise); without ``stream`` lines go to the
-    current ``sys.stderr``. Takes effect at the next line logged."""
+    """Set how lines are written from the next one on: ``fmt`` ``console``, ``json`` or ``auto``
+    (console on a terminal), to ``stream`` or else the current ``sys.stderr``."""
     global _pending, _configured
     _pending, _configured = {"level": level, "fmt": fmt, "stream": stream}, False
 
@@ -74,11 +71,8 @@ def _apply(level: str = "info", fmt: str = "auto", stream: Any = None) -> None:
     global _configured, _applied
     _applied = {"level": level, "fmt": fmt, "stream": stream}
     stream = stream or _Stderr()
-    if fmt == "auto":
-        fmt = "console" if stream.isatty() else "json"
-    renderer: Any
-    if fmt == "json":
-        renderer = structlog.processors.JSONRenderer(sort_keys=False)
+    if fmt == "json" or (fmt == "auto" and not stream.isatty()):  # auto: console on a terminal
+        renderer: Any = structlog.processors.JSONRenderer(sort_keys=False)
     else:
         renderer = structlog.dev.ConsoleRenderer(colors=stream.isatty())
     structlog.configure(

@@ -1,17 +1,8 @@
 """The metrics stream: points, annotations and ``done``, delivered to sinks off the step loop.
 
-A run reports into one *experiment*, named by its slug (:func:`new_slug`, kept
-in ``experiment.json`` so a resume reports into the same one). The run loop
-calls :meth:`MetricsStream.point`, :meth:`MetricsStream.annotation` and
-:meth:`MetricsStream.done`; each call builds one event and queues it for every
-sink, and returns at once. One background thread per sink delivers its queue in
-batches, so a slow sink delays neither the step loop nor the other sinks, and a
-failing one is retried with backoff and logged, never raised into the run.
-:meth:`MetricsStream.close` drains the queues, up to a timeout, at the end of a
-run or on a signal, and says how many events did not get through.
-
-Delivery is at least once: a batch whose ``write`` raised after storing part of
-it is written again, so a collector deduplicates by the event's ``id``.
+Each event is queued per sink and the call returns at once; one thread per sink writes
+its queue in batches, retrying a failing write with backoff, never raising into the run.
+Delivery is at least once (docs/metrics.md#delivery): a collector deduplicates by ``id``.
 """
 
 from __future__ import annotations
@@ -34,8 +25,8 @@ if TYPE_CHECKING:
 
 __all__ = ["RESERVED_KEYS", "MetricsStream", "new_slug", "open_sinks"]
 
+# Keys the stream sets itself; an event's extra fields may not use them.
 RESERVED_KEYS = frozenset({"kind", "id", "experiment", "step", "time", "name", "value", "text"})
-"""Keys the stream sets itself; an annotation's extra fields may not use them."""
 
 _GRACE = 1.0  # seconds close() gives a sink's thread to leave write() once abandoned
 
@@ -43,11 +34,8 @@ _SLUG_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
 
 
 def new_slug(file_stem: str) -> str:
-    """A new experiment name: ``file_stem`` plus a short random suffix (``my-run-3f9a1c``).
-
-    Characters that do not belong in a folder or URL path are replaced by
-    ``-``, so the slug is safe as ``<metrics-dir>/<slug>`` and in any sink.
-    """
+    """A new experiment name: ``file_stem`` plus a short random suffix (``my-run-3f9a1c``),
+    with ``-`` for what does not belong in a folder or URL path."""
     stem = _SLUG_UNSAFE.sub("-", file_stem).strip("-.") or "run"
     return f"{stem}-{secrets.token_hex(3)}"
 
@@ -55,13 +43,9 @@ def new_slug(file_stem: str) -> str:
 def open_sinks(
     names: Sequence[str], metrics_dir: str, slug: str, catalog: Catalog
 ) -> list[MetricsSink]:
-    """Open the sinks named by ``--metrics-sink`` for experiment ``slug``.
-
-    Each name is looked up in ``catalog`` (a name given twice opens once). Raises :class:`sexpgpu.errors.PluginError` for a name no
-    available plugin supplies, with the install hint when an unavailable one
-    does, and :class:`sexpgpu.errors.RunError` when a sink cannot be opened; the
-    sinks opened before the failing one are closed again.
-    """
+    """Open the sinks ``names`` (each once) from ``catalog`` for experiment ``slug``; raises
+    ``PluginError`` for a name no available plugin supplies and ``RunError`` for a sink that
+    cannot be opened, after closing those opened before it."""
     from sexpgpu.checkpoint.storage import redact
 
     opened: list[MetricsSink] = []
@@ -73,11 +57,9 @@ def open_sinks(
             except SexpError:
                 raise
             except OSError as exc:
-                reason = exc.strerror or str(exc)
-                where = exc.filename or metrics_dir
-                raise RunError(
-                    redact(f"the metrics sink '{name}' cannot be opened: {where}: {reason}")
-                ) from None
+                where = f"{exc.filename or metrics_dir}: {exc.strerror or exc}"
+                error = f"the metrics sink '{name}' cannot be opened: {where}"
+                raise RunError(redact(error)) from None
     except BaseException:
         for sink in opened:
             with contextlib.suppress(Exception):  # failing already: the first error is reported
@@ -87,13 +69,9 @@ def open_sinks(
 
 
 def _number(value: Any) -> int | float:
-    # An int stays an int (counters such as tokens); anything else numeric
-    # (a numpy or torch scalar, a bool) becomes a plain float or int for JSON.
-    if type(value) is int:
-        return value
-    if isinstance(value, bool):
-        return int(value)
-    return float(value)
+    # An int stays an int (counters such as tokens) and a bool becomes one; anything else
+    # numeric (a numpy or torch scalar) becomes a plain float, for JSON.
+    return int(value) if type(value) in (int, bool) else float(value)
 
 
 def _error_line(exc: BaseException) -> str:
@@ -108,15 +86,9 @@ class _SinkWorker:
     """One sink's queue and the thread that delivers it."""
 
     def __init__(
-        self,
-        sink: MetricsSink,
-        label: str,
-        *,
-        experiment: str,
-        max_batch: int,
-        linger: float,
+        self, sink: MetricsSink, label: str, experiment: str, max_batch: int, linger: float,
         backoff: tuple[float, float],
-    ) -> None:
+    ) -> None:  # fmt: skip
         from sexpgpu.log import get_logger
 
         self.sink = sink
@@ -128,8 +100,6 @@ class _SinkWorker:
         # deque.append and popleft are atomic, so the producer takes no lock.
         self.pending: deque[dict[str, Any]] = deque()
         self.in_flight = 0
-        self.delivered = 0
-        self.failures = 0
         self.last_error: str | None = None
         self.wake = threading.Event()
         self.stopping = threading.Event()  # close() was called: stop lingering
@@ -166,7 +136,6 @@ class _SinkWorker:
             batch = [self.pending.popleft() for _ in range(size)]
             if not self._deliver(batch):
                 return
-            self.delivered += size
             self.in_flight = 0
             # More may be left (a batch is bounded), or close() may be waiting.
             self.wake.set()
@@ -179,10 +148,8 @@ class _SinkWorker:
             try:
                 self.sink.write(batch)
             except Exception as exc:  # a sink must never take the run down
-                self.failures += 1
                 self.last_error = _error_line(exc)
-                # Log the first failure of a batch and then every tenth, so a
-                # sink that is down for an hour does not flood the log.
+                # The first failure of a batch and every tenth: a sink down for hours is no flood.
                 if attempt == 1 or attempt % 10 == 0:
                     self.log.warning(
                         "metrics sink write failed; retrying",
@@ -201,15 +168,9 @@ class _SinkWorker:
 
 
 class MetricsStream:
-    """The metrics stream of one experiment, fanned out to ``sinks``.
-
-    The producer methods (:meth:`point`, :meth:`annotation`, :meth:`done`) only
-    build an event and append it to each sink's queue: they never wait for a
-    sink, and they may be called from any thread. ``max_batch`` bounds one ``write`` call; ``linger`` is how long a
-    sink's thread waits for more events before writing a batch (well under a
-    second); ``backoff`` is the first and the longest pause between retries of a
-    failing write.
-    """
+    """The metrics stream of one experiment, fanned out to ``sinks``; producing never waits
+    for a sink, from any thread. ``max_batch`` bounds one ``write``; ``linger`` is how long a
+    sink's thread waits for more events; ``backoff``, the first and the longest retry pause."""
 
     def __init__(
         self,
@@ -225,27 +186,17 @@ class MetricsStream:
         self._closed = False
         self._close_lock = threading.Lock()
         self._workers = [
-            _SinkWorker(
-                sink,
-                f"{i}:{sink.name}",
-                experiment=experiment,
-                max_batch=max_batch,
-                linger=linger,
-                backoff=backoff,
-            )
+            _SinkWorker(sink, f"{i}:{sink.name}", experiment, max_batch, linger, backoff)
             for i, sink in enumerate(with_defaults(s, MetricsSink) for s in sinks)
         ]
+        # After close(): each sink's label and how many events it did not get; and each
+        # sink short of events, with its last write's error.
         self.undelivered_by_sink: dict[str, int] = {}
-        """After :meth:`close`: each sink's label and how many events it did not get."""
         self.errors_by_sink: dict[str, str] = {}
-        """After :meth:`close`: each sink short of events, and its last write's error."""
-
-    # -- producing
 
     def _emit(self, event: dict[str, Any]) -> dict[str, Any]:
-        # The lock makes the producer methods safe from several threads (the step
-        # loop and the checkpoint writer): the count stays exact and no event
-        # slips in between close() deciding to drain and draining.
+        # The lock makes producing safe from several threads (step loop, checkpoint writer): the
+        # count stays exact, and no event slips in between close() deciding to drain and draining.
         with self._close_lock:
             if not self._closed:
                 self.emitted += 1
@@ -264,8 +215,7 @@ class MetricsStream:
         return event
 
     def _event(self, kind: str, step: int, fields: dict[str, Any]) -> dict[str, Any]:
-        clash = RESERVED_KEYS.intersection(fields)
-        if clash:  # a bug in the caller, not a user error
+        if clash := RESERVED_KEYS.intersection(fields):  # a bug in the caller, not a user error
             raise ValueError(f"{kind} fields may not be named {sorted(clash)}")
         return {
             "kind": kind,
@@ -276,18 +226,13 @@ class MetricsStream:
         }
 
     def point(self, step: int, name: str, value: float, /, **fields: Any) -> dict[str, Any]:
-        """Queue a point: ``name`` (``loss``, ``eval/accuracy``, ``tokens``) had ``value`` at ``step``.
-
-        Returns the event. ``value`` may be NaN or infinite; a sink decides how
-        to store it. ``fields`` are JSON-able extras (``source="evaluate"``), never
-        one of :data:`RESERVED_KEYS` (a :class:`ValueError`).
-        """
+        """Queue a point: ``name`` (``loss``, ``tokens``) had ``value`` (maybe NaN) at ``step``;
+        ``fields`` are JSON-able extras, none in :data:`RESERVED_KEYS`. Returns the event."""
         event = {**self._event("point", step, fields), **fields}
         return self._emit({**event, "name": str(name), "value": _number(value)})
 
     def annotation(self, step: int, text: str, /, **fields: Any) -> dict[str, Any]:
-        """Queue an annotation at ``step``: a line of ``text`` and JSON-able ``fields``
-        (``seconds=1.25`` for a checkpoint), named as :meth:`point` allows. Returns the event."""
+        """Queue an annotation: ``text`` at ``step``, ``fields`` as for a point; returns it."""
         event = self._event("annotation", step, fields)
         return self._emit({**event, "text": str(text), **fields})
 
@@ -295,23 +240,14 @@ class MetricsStream:
         """Queue ``done``: the run ended normally at ``step``. Returns the event."""
         return self._emit(self._event("done", step, {}))
 
-    # -- draining
-
     def pending(self) -> int:
         """Events queued or being written, summed over the sinks (for progress and tests)."""
         return sum(worker.undelivered() for worker in self._workers)
 
     def close(self, timeout: float | None = None) -> int:
-        """Drain the queues and close the sinks; returns how many events were not delivered.
-
-        Waits until every sink has taken every event, or until ``timeout``
-        seconds have passed (``None`` waits as long as it takes). The result
-        counts the events that at least one sink did not get (0 when all got
-        through); :attr:`undelivered_by_sink` has the count per sink, and each
-        sink short of events is logged. A sink that is still stuck in a write is
-        left to its (daemon) thread and not closed; every other sink is closed.
-        Calling ``close`` again returns 0.
-        """
+        """Drain the queues for up to ``timeout`` seconds (``None``: as long as it takes) and
+        close the sinks, except one stuck in a write; returns how many events at least one
+        sink did not get (per sink: :attr:`undelivered_by_sink`). A second call returns 0."""
         with self._close_lock:
             if self._closed:
                 return 0
@@ -332,9 +268,8 @@ class MetricsStream:
             if count and worker.last_error:
                 self.errors_by_sink[worker.label] = worker.last_error
             missing = max(missing, count)
-            # A thread backing off or waiting ends at once now; one inside
-            # write() gets a short grace, then is left alone: closing the sink
-            # under a write would race with it.
+            # A thread backing off or waiting ends at once now; one inside write() gets a
+            # short grace, then is left alone: closing the sink under a write would race it.
             worker.thread.join(_GRACE)
             if worker.thread.is_alive():
                 worker.log.warning("metrics sink did not finish; left open", undelivered=count)

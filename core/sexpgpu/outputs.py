@@ -1,11 +1,8 @@
-"""What a run writes and tells besides its tensors' updates: the checkpoint location
-(proved writable first), the metrics stream, the status file and the checkpointer,
-opened at the start of a run and closed, in order, at its end; and the
-:class:`Reporter` that tells the person watching.
+"""What a run writes besides its tensors (checkpoint location, metrics, status file,
+checkpointer), opened at its start and closed in order at its end; and the :class:`Reporter`.
 
-Rank 0 writes for every rank: the other ranks get a metrics stream with no sink and
-a status file that writes nothing, so the step loop says the same things on every
-rank.
+Rank 0 writes for every rank: the others get a metrics stream with no sink and a status
+file that writes nothing, so the step loop says the same things on every rank.
 """
 
 from __future__ import annotations
@@ -31,9 +28,8 @@ if TYPE_CHECKING:
 def open_location(
     catalog: Catalog, checkpoint_dir: str | None, group: RankGroup, log: Any
 ) -> Storage | None:
-    """The checkpoint location, proved listable and writable before anything else (a
-    run never finds out hours in that it cannot write); ``None``, with a warning said
-    once, when there is none."""
+    """The checkpoint location, proved listable and writable first (not found out hours in);
+    ``None``, with a warning said once, when there is none."""
     if checkpoint_dir:
         storage = catalog.open_location(checkpoint_dir)
         if group.is_writer:  # the other ranks only read (a checkpoint to resume)
@@ -48,9 +44,8 @@ def open_location(
 
 
 class Reporter(Protocol):
-    """What the person watching a run is told: each committed step, each eval pass's
-    numbers, and a closing summary (the CLI draws a progress bar and logs lines).
-    Each method tells nothing unless a subclass says otherwise."""
+    """What the person watching a run is told (the CLI draws a progress bar and logs
+    lines); each method tells nothing unless a subclass says otherwise."""
 
     def step(self, step: int, loss: float, lr: float, tokens: int | None) -> None:
         """A committed step."""
@@ -80,22 +75,21 @@ class Outputs:
     status: Any
     checkpointer: Checkpointer | LentExports | None
     resumed_from: str | None
-    events: str | None = None
-    """Where a person finds the run's events (the first sink that says where it writes)."""
+    events: str | None = None  # where a person finds the events: the first sink's location
 
     @classmethod
     def open(
         cls, *, options: RunOptions, session: Session, state: RunState, group: RankGroup,
         storage: Storage | None, compile_seconds: float | None, moved: list[str], log: Any,
     ) -> Outputs:  # fmt: skip
-        """Open what a run writes, say that it started (or resumed, with what ``moved``
-        since its checkpoint), and name its experiment: a resumed run reports into the
-        same one."""
+        """Open what a run writes in its experiment (a resumed run's: the same), and say that
+        it started, or resumed (with what ``moved`` since its checkpoint)."""
         from sexpgpu.checkpoint.checkpointer import lent_exports
         from sexpgpu.metrics import MetricsStream, new_slug
 
         resumed = session.checkpoint
-        slug = resumed.experiment["slug"] if resumed else new_slug(_stem(options.selection.file))
+        stem = os.path.basename(options.selection.file).removesuffix(".sx")
+        slug = resumed.experiment["slug"] if resumed else new_slug(stem)
         run_dir = os.path.join(options.metrics_dir, slug)
         # a resumed checkpoint is not written again, unless it owes passes
         written = state.step if resumed and not state.evals_pending else None
@@ -148,7 +142,7 @@ class Outputs:
             raise
         metrics = MetricsStream(sinks, experiment=slug)
         where = [catalog.metrics_sink(name).location for name in names]
-        found = [at(options.metrics_dir, slug) for at in where if at is not None]
+        found = [at(options.metrics_dir, slug) for at in where if at is not None] + [run_dir]
         status = StatusFile(os.path.join(run_dir, STATUS_FILE))
         resumed_from = session.location if session.checkpoint else None
         status.update(
@@ -171,16 +165,12 @@ class Outputs:
                 resumed_from=resumed_from,
                 written_step=written,
             )
-        outputs = cls(slug, run_dir, metrics, status, checkpointer, resumed_from)
-        outputs.events = found[0] if found else run_dir
-        return outputs
+        return cls(slug, run_dir, metrics, status, checkpointer, resumed_from, found[0])
 
     @property
     def last_checkpoint(self) -> str | None:
         """The newest checkpoint stored (or resumed from), as its location."""
-        if self.checkpointer is not None:
-            return self.checkpointer.last
-        return self.resumed_from
+        return self.resumed_from if self.checkpointer is None else self.checkpointer.last
 
     def checkpoint(
         self, state: RunState, *, session: Session, group: RankGroup, finished: bool
@@ -258,20 +248,15 @@ class _Unwritten:
 def _missing_folders(path: str) -> list[str]:
     """``path`` and the folders above it that do not exist yet, deepest first."""
     missing = []
-    while path and not os.path.lexists(path):
+    while path and not os.path.lexists(path) and path not in missing:  # a root is its own parent
         missing.append(path)
-        parent = os.path.dirname(path)
-        if parent == path:
-            break
-        path = parent
+        path = os.path.dirname(path)
     return missing
 
 
 def _take_back(run_dir: str, made: list[str], there: set[str]) -> None:
-    """Undo what a run refused while opening its metrics sinks made: the run folder it
-    created (its events file, empty, and whatever the sinks opened before the failing
-    one left), else the empty files the sinks created in a folder that was there, then
-    each folder it made above, while empty. A refused run leaves nothing behind."""
+    """A run refused while opening its sinks leaves nothing behind: the run folder it made
+    goes, else the empty files the sinks made in it, then each folder made above, while empty."""
     import shutil
 
     if run_dir in made:
@@ -288,8 +273,3 @@ def _take_back(run_dir: str, made: list[str], there: set[str]) -> None:
             continue  # the run folder, removed whole above
         except OSError:
             break  # not empty: someone else's now
-
-
-def _stem(path: str) -> str:
-    base = os.path.basename(path)
-    return base[:-3] if base.endswith(".sx") else base

@@ -1,32 +1,24 @@
-"""Stopping a run on SIGTERM, SIGINT or SIGHUP, at any moment of the process.
+"""Stopping a run on SIGTERM, SIGINT or SIGHUP, at any moment of the process (docs/signals.md).
 
-A :class:`StopWatch` takes the three signals. Until the step loop starts
-there is nothing to save, so the first signal interrupts at once: it raises
-:class:`Interrupted` in the main thread (a long compile or data load exits
-promptly). Once the loop runs, the first signal only asks the loop to stop at
-the next step boundary. A second SIGTERM or SIGINT ends the process at once
-(``os._exit``, nothing more written); a SIGHUP never does, because a machine
-shutting down sends SIGTERM and SIGHUP together, and that pair, in either
-order, is one stop named by the SIGTERM. Once the outcome is decided
-(:meth:`StopWatch.ended`), no signal changes it.
+Before the step loop a first signal raises :class:`Interrupted` in the main thread (there
+is nothing to save); once the loop runs, it asks the loop to stop at the next boundary.
+A second SIGTERM or SIGINT ends the process at once (``os._exit``); a SIGHUP never does,
+since a machine shutting down sends SIGTERM and SIGHUP together: that pair is one stop.
 
-Why a pipe and a thread: Python runs a signal's handler only between two
-bytecodes of the main thread, and runs it once however many times the signal
-came meanwhile, so two SIGTERMs inside one long torch call would look like one.
-The interpreter's C-level handler writes one byte per delivery to the
-``signal.set_wakeup_fd`` pipe as the signal arrives; a watcher thread reads
-those bytes, so every delivery is counted, and the second one ends the process
-even while the main thread is still inside that call (torch releases the GIL).
+Why a pipe and a thread: Python runs a handler only between two bytecodes of the main
+thread, once however many deliveries came meanwhile, so two SIGTERMs inside one long torch
+call would look like one. The C-level handler writes one byte per delivery to the
+``signal.set_wakeup_fd`` pipe; a watcher thread reads them, so the second one ends the
+process even while the main thread is inside that call (torch releases the GIL).
 
-The ``sexpgpu`` console script installs one watch first thing
-(:func:`watch_process`), before any heavy import, and keeps it until the
-process exits (:meth:`StopWatch.hold_until_exit`); ``sexpgpu.train.run`` uses that
-one, or installs its own for the run's duration when called as a library.
-This module imports only the standard library, so that installing is quick.
+The console script installs one watch before any heavy import (:func:`watch_process`) and
+keeps it until the process exits (:meth:`StopWatch.hold_until_exit`); ``sexpgpu.train.run``
+uses it, or installs its own as a library. Only the standard library is imported here,
+so that installing is quick.
 
-The handler never raises in the import system: raised in a module lock's weakref
-callback, an exception is dropped, or leaves the import lock held. There, and
-after an Interrupted was dropped (a ``__del__``), the watcher sends the signal again.
+The handler never raises in the import system (raised in a module lock's weakref callback,
+an exception is dropped, or leaves the import lock held): there, and after an Interrupted
+was dropped (in a ``__del__``), the watcher sends the signal again.
 """
 
 from __future__ import annotations
@@ -43,11 +35,9 @@ from types import FrameType
 
 __all__ = ["HANDLED", "Interrupted", "StopWatch", "interruption", "process_watch", "watch_process"]
 
-HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-"""The signals that stop a run."""
+HANDLED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # the signals that stop a run
 _FATAL_ON_SECOND = (signal.SIGTERM, signal.SIGINT)
-PAIR_GRACE = 0.25
-"""Seconds a stop caused by a SIGHUP alone waits for a SIGTERM sent together with it."""
+PAIR_GRACE = 0.25  # seconds a stop by a SIGHUP alone waits for the SIGTERM sent with it
 
 
 class Interrupted(BaseException):
@@ -60,9 +50,8 @@ class Interrupted(BaseException):
 
 
 def interruption(error: BaseException) -> Interrupted | None:
-    """The :class:`Interrupted` that ``error`` is, or that caused it, if any: some
-    places wrap what is raised there (Python 3.11 turns an exception from a
-    ``__set_name__`` into a ``RuntimeError``), and that error is still the signal's."""
+    """The :class:`Interrupted` that ``error`` is or was caused by, if any (Python 3.11
+    wraps one raised in a ``__set_name__`` in a ``RuntimeError``: still the signal's)."""
     seen: set[int] = set()
     current: BaseException | None = error
     while current is not None and id(current) not in seen:
@@ -95,8 +84,6 @@ class StopWatch:
         # Re-entrant: the main thread's handler may run while that thread holds it.
         self._lock = threading.RLock()
 
-    # ----------------------------------------------------------------- state
-
     @property
     def signum(self) -> int | None:
         """The stop's signal: a SIGTERM or SIGINT over a SIGHUP; ``None`` when none came."""
@@ -118,10 +105,8 @@ class StopWatch:
         return self.signum is not None
 
     def settle(self, grace: float = PAIR_GRACE) -> tuple[str, int]:
-        """The stop's signal name and number, fixed from now on (the stop reports it,
-        then writes its checkpoint: the spec's order). A SIGHUP alone waits up to
-        ``grace`` seconds for the SIGTERM a machine shutting down sends with it, so
-        that pair, in either order, is one stop named SIGTERM."""
+        """The stop's signal name and number, fixed from now on; a SIGHUP alone first waits
+        up to ``grace`` s for the SIGTERM sent with it (that pair is one stop: SIGTERM)."""
         deadline = time.monotonic() + grace
         while True:
             with self._lock:
@@ -134,8 +119,6 @@ class StopWatch:
                     return signal.Signals(signum).name, signum
             self._fatal_seen.wait(left)
 
-    # ---------------------------------------------------------------- phases
-
     def loop_started(self) -> None:
         """From now on a first signal only asks the loop to stop at the next boundary."""
         self.raise_now = False
@@ -146,17 +129,14 @@ class StopWatch:
             self._ended = True
 
     def hold_until_exit(self) -> None:
-        """Ignore the three signals for the rest of the process (the CLI, at its end):
-        Python gives them their default action back while it shuts down, which
-        would kill a process whose outcome is already decided."""
+        """Ignore the three signals until the process exits (the CLI, at its end): Python
+        restores their default action while shutting down, killing a decided process."""
         global _process
         self.ended()
         for signum in HANDLED:
             signal.signal(signum, signal.SIG_IGN)
         if _process is self:
             _process = None
-
-    # ---------------------------------------------------------- install/undo
 
     def install(self, arrived: Iterable[int] = ()) -> None:
         """Take over the three signals (main thread only) and start counting deliveries;
@@ -169,8 +149,7 @@ class StopWatch:
         self._fds = (read_fd, write_fd, stop_read, stop_write)
         for fd in (read_fd, write_fd):
             os.set_blocking(fd, False)  # the interpreter needs a non-blocking wakeup fd
-        # The pipe and its reader first: a delivery is counted from the moment the
-        # handler is in place.
+        # The pipe and its reader first: each delivery is counted once the handler is in place.
         self._previous_wakeup = signal.set_wakeup_fd(write_fd)
         _installed = self
         self._thread = threading.Thread(
@@ -189,9 +168,8 @@ class StopWatch:
                 self._note(signum)
 
     def interrupt_if_stopping(self) -> None:
-        """Raise :class:`Interrupted` now if a stopping signal has come and the loop
-        has not started: one that came while installing, or one whose exception
-        something swallowed (an exception raised in a ``__del__`` is only printed)."""
+        """Raise :class:`Interrupted` now if a signal came and the loop has not started: one
+        that came while installing, or one swallowed (raised in a ``__del__``, only printed)."""
         with self._lock:
             due = self.stopping and self.raise_now and not self._ended
             self._raised = self._raised or due
@@ -230,8 +208,6 @@ class StopWatch:
         for fd in self._fds:
             os.close(fd)
         self._previous, self._fds, self._thread = {}, (), None
-
-    # -------------------------------------------------------------- handling
 
     def _note(self, signum: int) -> None:
         # Idempotent, so the handler and the watcher may both note one delivery.
@@ -279,8 +255,7 @@ class StopWatch:
                 return
             if signum in _FATAL_ON_SECOND:
                 self._fatal_deliveries += 1
-                if self._fatal_deliveries > 1:
-                    # Ends at once, without draining or writing anything more.
+                if self._fatal_deliveries > 1:  # ends at once, draining and writing nothing more
                     os._exit(128 + signum)
             self._note(signum)
 
@@ -302,10 +277,8 @@ class StopWatch:
                 self._delivered(signum)
 
 
-_installed: StopWatch | None = None
-"""The watch whose handlers are in place, if any (what a forked child undoes)."""
-_process: StopWatch | None = None
-"""The watch the console script installed for the whole process, if any."""
+_installed: StopWatch | None = None  # the watch whose handlers are in place (a fork undoes it)
+_process: StopWatch | None = None  # the watch the console script installed for the process
 
 
 def watch_process(arrived: Iterable[int] = ()) -> StopWatch:

@@ -1,13 +1,4 @@
-"""The status file: where a run is, in one small JSON file a person or a scheduler can read.
-
-``<metrics-dir>/<slug>/status.json`` holds ``state`` (``running``,
-``interrupted``, ``finished`` or ``failed``), ``summary`` (the state, or
-``failed: <error>``), ``error``, ``step``, ``checkpoint`` (the last
-checkpoint's location or ``null``), ``slug`` and ``updated`` (unix seconds).
-Every write replaces the whole file atomically (temporary file, fsync,
-rename), so a reader never sees half of one. A run killed outright writes
-nothing more: its file keeps reading ``running``.
-"""
+"""The status file: where a run is, in one small JSON file (its fields: docs/metrics.md)."""
 
 from __future__ import annotations
 
@@ -22,23 +13,13 @@ from typing import Any
 
 __all__ = ["STATES", "STATUS_FILE", "StatusFile", "run_identity"]
 
-STATES = ("running", "interrupted", "finished", "failed")
-"""The values of ``state``."""
-
-STATUS_FILE = "status.json"
-"""The file's name in ``<metrics-dir>/<slug>/``."""
+STATES = ("running", "interrupted", "finished", "failed")  # the values of `state`
+STATUS_FILE = "status.json"  # in <metrics-dir>/<slug>/
 
 
 class StatusFile:
-    """Writes a run's status file; cheap enough to call from the step loop.
-
-    :meth:`update` changes fields and writes at once (start, checkpoint, end);
-    :meth:`progress` records the step and writes at most once every
-    ``min_interval`` seconds. A write that fails (a full disk) is logged and
-    does not stop the run: the status file reports on a run, it is not the run.
-    Every method may be called from any thread (the checkpoint writer reports
-    a stored checkpoint while the step loop records steps).
-    """
+    """Writes a run's status file, from any thread (the checkpoint writer's too). A failed
+    write is logged once and does not stop the run: it reports on a run, it is not the run."""
 
     def __init__(self, path: str | os.PathLike[str], *, min_interval: float = 1.0) -> None:
         self.path = Path(path)
@@ -53,20 +34,12 @@ class StatusFile:
             "updated": None,
         }
         self._last_write = float("-inf")
-        self.unwritten: str | None = None
-        """Why the last write failed (a full disk); ``None`` once one succeeds."""
-        # Re-entrant: update() and progress() hold it around _write().
+        self.unwritten: str | None = None  # why the last write failed; None once one succeeds
         self._lock = threading.RLock()
 
     def update(self, **fields: Any) -> bool:
-        """Set ``fields`` and write the file now. Returns whether the write succeeded.
-
-        ``state`` must be one of :data:`STATES`; ``summary`` follows it
-        (``failed: <error>`` for ``failed``) and ``error`` is cleared when the
-        state is not ``failed``. Other keys (``steps``, ``tokens``...) are kept
-        as given; every value must be JSON-able. Raises :class:`ValueError` for
-        an unknown state.
-        """
+        """Set ``fields`` (JSON-able; ``state`` one of :data:`STATES`, else a ValueError) and
+        write now; ``summary`` and ``error`` follow ``state``. Returns whether it wrote."""
         if "state" in fields and fields["state"] not in STATES:
             raise ValueError(
                 f"unknown run state {fields['state']!r}; expected one of {', '.join(STATES)}"
@@ -80,8 +53,7 @@ class StatusFile:
             return self._write()
 
     def progress(self, step: int, **fields: Any) -> bool:
-        """Record that the run is at ``step``; write only if the last write is at
-        least ``min_interval`` seconds old. Returns whether it wrote."""
+        """Record ``step``; write if the last write is ``min_interval`` s old. Returns if it did."""
         with self._lock:
             self.fields["step"] = int(step)
             self.fields.update(fields)
@@ -99,22 +71,19 @@ class StatusFile:
             with open(tmp, "wb") as f:
                 f.write(data.encode("utf-8"))
                 f.flush()
-                # fsync before the rename: after a crash the file is the old
-                # one or the new one, never an empty one.
+                # fsync before the rename: after a crash, the old file or the new, never empty
                 os.fsync(f.fileno())
             os.replace(tmp, self.path)
         except OSError as exc:
             with contextlib.suppress(OSError):
                 tmp.unlink(missing_ok=True)
+            reason = exc.strerror or str(exc)
             if self.unwritten is None:
                 from sexpgpu.log import get_logger
 
-                get_logger("sexpgpu.status").warning(
-                    "cannot write the status file",
-                    path=str(self.path),
-                    error=exc.strerror or str(exc),
-                )
-            self.unwritten = exc.strerror or str(exc)
+                log = get_logger("sexpgpu.status")
+                log.warning("cannot write the status file", path=str(self.path), error=reason)
+            self.unwritten = reason
             return False
         self._last_write = time.monotonic()
         self.unwritten = None
@@ -122,10 +91,8 @@ class StatusFile:
 
 
 def run_identity(file: str, program: Any, choices: Mapping[str, Any]) -> dict[str, Any]:
-    """What the status file says about the run itself, for ``program`` (a compiled
-    :class:`sexpgpu.lang.ir.Program`) from ``file``: `sexpgpu runs` lists it, a sink
-    (mlflow) names and describes the run with it, and ``pid``/``host`` tell a reader
-    whether a ``running`` run still has its process."""
+    """What the status file says about the run itself (``program`` compiled from ``file``),
+    for `sexpgpu runs` and the sinks that name a run."""
     import socket
 
     from sexpgpu.checkpoint.records import jsonable
