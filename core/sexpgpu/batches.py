@@ -1,12 +1,8 @@
-"""Where batches come from: the one part of the loop and of the eval passes that knows
-what a batch is.
-
-A :class:`Batches` is a data source's loader whose batches a stage's or a pass's
-generator makes into records when it has one (``(sample ...)``: every draw derives
-from the seed and the draw's place, ``("step", n)`` or ``("batch", i)``); a signal
-abandons a generation between two trips (``None``). :class:`StageBatches` are a
-run's training batches: the batches of the stage being trained, opened as its stage
-starts, this rank's rows of each step's batch, and what a step's batch counts.
+"""Where batches come from: the one part of the loop and the eval passes that knows what
+a batch is. A :class:`Batches` is a loader whose batches a generator (``(sample ...)``)
+makes into records, drawn from the seed and the draw's place (``("step", n)``,
+``("batch", i)``), or ``None`` when a signal abandons the generation between trips.
+:class:`StageBatches` are a run's training batches, a stage's at a time.
 """
 
 from __future__ import annotations
@@ -14,8 +10,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
-
-from sexpgpu.ranks import next_part
 
 if TYPE_CHECKING:
     from sexpgpu.catalog import Catalog
@@ -98,17 +92,17 @@ class StageBatches:
         return None if self.current is None else self.current.loader.position()
 
     def take(self, step: int, stage: int) -> Batch | None:
-        """This rank's part of step ``step``'s batch, or the records its stage's
-        generator makes from it; ``None`` when a signal abandons the generation, which
-        leaves the batches as they were: the stage before's, its prompts given back
-        (the run's state keeps the last committed step's position)."""
+        """This rank's part of step ``step``'s batch, or its generator's records from it;
+        ``None`` when a signal abandons the generation: its prompts are given back, and
+        a stage it opened gives way to the one before."""
         kept = (self.current, self.stage)
         if stage != self.stage:
             self.start(stage)
         source = self.current
         assert source is not None
         given = source.loader.position() if source.generator is not None else None
-        records = source.made(next_part(source.loader, self.group), ("step", step))
+        part = source.loader.next_part(self.group.rank, self.group.size)  # this rank's rows
+        records = source.made(part, ("step", step))
         if records is None:
             if given is not None:
                 source.loader.restore(given)

@@ -1,18 +1,12 @@
-"""Opening a request: what ``sexpgpu run`` (or ``sexpgpu.train.run``) was asked, a file
-or another source with its knobs, a lowering and a checkpoint to continue, turned into
-what a run needs before anything imports torch.
+"""Opening a request: what ``sexpgpu run`` (or ``sexpgpu.train.run``) was asked turned
+into what a run needs before anything imports torch (docs/architecture.md).
 
-A `.sx` file is compiled as it is. Another file is opened by the plugin whose source
-opener takes the end of its name (a bundle, ``.sxb``: ``sexpgpu_source_openers``); the
-:class:`~sexpgpu.extension.OpenedSource` it gives is the one thing that carries it,
-inside the :class:`Selection`, from here to the checkpoint. Some libraries read their
-settings once, when they start (ATen its vector capability, OpenMP its thread count),
-so :func:`prepare_environment` sets what the run's lowering says its pinned choices
-need (``LoweringInfo.environment``) and the compile caches a source brings.
-
-Torch-free; errors are left to the run, which reads the checkpoint again and reports
-what is wrong in its place, but for a checkpoint location that cannot be reached,
-refused at once rather than tried again.
+A `.sx` file is compiled as it is; another file is opened by the plugin whose source
+opener takes the end of its name (a bundle, ``.sxb``), and the
+:class:`~sexpgpu.extension.OpenedSource` it gives carries it, inside the
+:class:`Selection`, to the checkpoint. :func:`prepare_environment` sets what the run's
+lowering says its pinned choices need (libraries that read their settings once, when
+they start) and the compile caches a source brings. Torch-free.
 """
 
 from __future__ import annotations
@@ -135,28 +129,27 @@ class Target:
         return f"{option} {value}" if option else f"{name}={value}"
 
 
-def parse_sets(values: tuple[str, ...] | list[str]) -> dict[str, str]:
-    """``("lr=0.25", "steps=6")`` -> ``{"lr": "0.25", "steps": "6"}``; the compiler types them."""
-    sets: dict[str, str] = {}
+def _pairs(values: Iterable[str], option: str, form: str, *, strip: bool) -> dict[str, str]:
+    """``NAME=VALUE`` items by name, the last one of a name winning; ``strip``: values
+    are words, stripped and never empty (a knob's text goes to the compiler as it is)."""
+    pairs: dict[str, str] = {}
     for item in values:
         name, sep, value = item.partition("=")
-        if not sep or not name.strip():
-            raise UsageError(f"--set takes name=value, got '{item}'")
-        sets[name.strip()] = value
-    return sets
+        if not sep or not name.strip() or (strip and not value.strip()):
+            raise UsageError(f"{option} takes {form}, got '{item}'")
+        pairs[name.strip()] = value.strip() if strip else value
+    return pairs
+
+
+def parse_sets(values: Iterable[str]) -> dict[str, str]:
+    """``("lr=0.25", "steps=6")`` -> ``{"lr": "0.25", "steps": "6"}``; the compiler types them."""
+    return _pairs(values, "--set", "name=value", strip=False)
 
 
 def parse_requests(values: Iterable[str]) -> dict[str, str]:
     """``("attention=sdpa", "stack:model.blocks=looped")`` -> ``{target: kernel}``, as
-    ``--choose`` takes them; a target given twice takes its last kernel (as ``--set``).
-    Raises :class:`UsageError` for an item that is not ``SITE=KERNEL``."""
-    requests: dict[str, str] = {}
-    for item in values:
-        target, sep, kernel = item.partition("=")
-        if not sep or not target.strip() or not kernel.strip():
-            raise UsageError(f"--choose takes SITE=KERNEL or KIND=KERNEL, got '{item}'")
-        requests[target.strip()] = kernel.strip()
-    return requests
+    ``--choose`` takes them (a :class:`UsageError` for an item that is not one)."""
+    return _pairs(values, "--choose", "SITE=KERNEL or KIND=KERNEL", strip=True)
 
 
 def recorded_choices(experiment: Mapping[str, Any], catalog: Catalog) -> dict[str, str]:
@@ -170,9 +163,6 @@ def recorded_choices(experiment: Mapping[str, Any], catalog: Catalog) -> dict[st
     return recorded
 
 
-# ---------------------------------------------------------------- before torch starts
-
-
 def open_request(
     catalog: Catalog,
     selection: Selection,
@@ -181,10 +171,9 @@ def open_request(
     resume: str | None,
     checkpoint_dir: str | None,
 ) -> Selection:
-    """``selection`` opened (:meth:`Selection.opened`), and when a source opener took its
-    file, the environment its run's lowering needs set (:func:`prepare_environment`), as
-    ``sexpgpu run`` does before it imports torch: ``sexpgpu.train.run`` runs a bundle
-    as the command does."""
+    """``selection`` opened (:meth:`Selection.opened`), with the environment its lowering
+    needs set when a source opener took it: ``sexpgpu.train.run`` runs a bundle as the
+    command does."""
     opened = selection.opened(catalog, fresh=target.fresh)
     if opened is not selection:
         prepare_environment(catalog, opened, target, resume=resume, checkpoint_dir=checkpoint_dir)
@@ -231,11 +220,9 @@ def prepare_environment(
 def checkpoint_choices(
     catalog: Catalog, resume: str, checkpoint_dir: str | None
 ) -> dict[str, str] | None:
-    """The ``choices`` of the checkpoint ``--resume resume`` names; ``None`` when there
-    is none, or when it cannot be read (the run's own read then reports that in its
-    place). A location that cannot be reached or listed is refused here, as the run
-    would refuse it: its every attempt (seconds of retries, on a dead endpoint) is
-    not made twice."""
+    """The ``choices`` of the checkpoint ``--resume`` names; ``None`` for none, or one that
+    cannot be read (the run's own read says so in its place). A location that cannot be
+    reached is refused here: its retries (seconds, on a dead endpoint) are not made twice."""
     from sexpgpu import checkpoint as ckpt
     from sexpgpu.errors import StorageError
 

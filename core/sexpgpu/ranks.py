@@ -1,11 +1,7 @@
-"""The ranks of a run: one process alone, or one of several a launcher started.
-
-A run asks :func:`join_group` for its group before it reads a checkpoint, since
-the device and node counts it records and compares (``E-DP-002``) are the
-group's. One process alone gets :data:`SOLO`, whose answers need no other
-process: a run on one device does exactly what it did before there were groups.
-Several ranks get the group a lowering's ``LoweringInfo.group`` joins (the torch
-plugin's is ``torch.distributed``); this module never imports one.
+"""The ranks of a run: one process alone (:data:`SOLO`, whose answers need no other), or
+one of several a launcher started, in the group a lowering's ``LoweringInfo.group``
+joins (torch's: ``torch.distributed``). A run joins before it reads a checkpoint: the
+device and node counts it records and compares (``E-DP-002``) are the group's.
 """
 
 from __future__ import annotations
@@ -15,10 +11,10 @@ import os
 import signal
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from sexpgpu.errors import PluginError, RunError, UsageError
-from sexpgpu.extension import E_GROUP, DataLoader, RankGroup, Trainer
+from sexpgpu.extension import E_GROUP, RankGroup, Trainer
 from sexpgpu.lang.ir import Program
 
 if TYPE_CHECKING:
@@ -39,19 +35,15 @@ class Solo:
 
     @property
     def is_writer(self) -> bool:
-        """Always: the one rank writes everything."""
         return True
 
     def max(self, value: int) -> int:
-        """``value`` itself."""
         return value
 
     def same(self, data: bytes) -> bool:
-        """Always: one rank agrees with itself."""
         return True
 
     def sum(self, values: Sequence[float]) -> list[float]:
-        """``values`` themselves."""
         return list(values)
 
     def close(self) -> None:
@@ -102,19 +94,11 @@ def check_batches(program: Program, group: RankGroup) -> None:
             )
 
 
-def next_part(loader: DataLoader, group: RankGroup) -> dict[str, Any]:
-    """This rank's rows of the loader's next global batch (all of it on one rank)."""
-    return loader.next_part(group.rank, group.size)
-
-
 class StopAgreement:
-    """Whether the ranks stop at a step boundary, and on which signal.
-
-    One rank alone asks its watch. Several look together, with one small
-    all-reduce of the signal each has (0 for none), so every rank stops after the
-    same step, named by the largest number any rank got: SIGTERM (15) over
-    SIGINT (2) over SIGHUP (1). Every rank must ask at the same boundaries.
-    """
+    """Whether the ranks stop at a step boundary, and on which signal: one rank asks its
+    watch; several all-reduce the signal each has (0: none), so every rank stops after
+    the same step, named by the largest: SIGTERM (15) over SIGINT (2) over SIGHUP (1).
+    Every rank must ask at the same boundaries."""
 
     def __init__(self, group: RankGroup, watch: StopWatch) -> None:
         self.group = group

@@ -1,15 +1,9 @@
-"""The one way to open work: sources or a checkpoint, plus options, to a ready trainer.
-
-A :class:`Session` compiles a `.sx` file under its :class:`Selection`, reads and
-verifies the checkpoint it continues (``E-DP-002``, ``E-CKPT-004``), settles the
-:class:`~sexpgpu.choices.Choices` (the checkpoint's pinned, the user's requests),
-lowers the program and fills the trainer: the checkpoint's tensors or fresh ones, and
-the ``:load`` files, which must be the bytes the checkpoint's run read (``E-LOAD-001``).
-``sexpgpu run`` opens its work with :meth:`Session.start`; ``sexpgpu evaluate`` with
-:class:`CheckpointOpener`, which reads a checkpoint as a resume does, less.
-
-Everything a plugin supplies comes from the :class:`~sexpgpu.catalog.Catalog` handed
-in. Torch-free: a lowering imports its own libraries when it lowers.
+"""The one way to open work, to a ready trainer: :meth:`Session.start` compiles the
+selection, reads and verifies the checkpoint it continues and settles the choices, then
+lowers and fills the trainer (the checkpoint's tensors or fresh ones, and the ``:load``
+files, which must be the bytes the checkpoint's run read: ``E-LOAD-001``).
+:class:`CheckpointOpener` reads a checkpoint to evaluate it, as a resume does, less.
+Everything a plugin supplies comes from the catalog handed in. Torch-free.
 """
 
 from __future__ import annotations
@@ -124,9 +118,6 @@ def evaluator(catalog: Catalog) -> Evaluator:
     """The eval-pass runner an available plugin supplies, given every available eval
     metric: what a run calls at a pass's steps, and ``sexpgpu evaluate`` too."""
     return catalog.evaluator().factory(catalog.eval_metrics())
-
-
-# ---------------------------------------------------------------- a run
 
 
 class Session:
@@ -289,9 +280,6 @@ class Session:
         return moved + self.choices.moved(self.made)
 
 
-# ---------------------------------------------------------------- evaluation
-
-
 @dataclass
 class Opened:
     """A checkpoint opened to evaluate: its compiled program, and a trainer holding
@@ -307,13 +295,10 @@ class Opened:
 
 
 class CheckpointOpener:
-    """Opens checkpoints to evaluate them, as a resume reads them, less: never the
-    optimizer states or the loader. A program and its lowering are built once per
-    distinct identity (sources, knobs, variant, choices), since a follower reads many.
-
-    Another lowering than the recorded one (``lowering``) may evaluate a checkpoint,
-    choosing its kernels afresh: nothing is written back into it.
-    """
+    """Opens checkpoints to evaluate them, as a resume reads them, less: never the states
+    or the loader (docs/evaluation.md). A program and its lowering are built once per
+    identity (sources, knobs, variant, choices): a follower reads many. Another lowering
+    (``lowering``) chooses its kernels afresh; nothing is written back."""
 
     def __init__(
         self, catalog: Catalog, *, device: str, file: str | None, lowering: str | None = None
@@ -388,9 +373,8 @@ class CheckpointOpener:
         return self._built[identity]
 
     def _choices(self, experiment: Mapping[str, Any]) -> tuple[Choices, list[str]]:
-        """The recorded choices under the recorded lowering; none under another one
-        (its kernels are its own, chosen afresh for this machine), with the ``choice``
-        line saying the lowering moved."""
+        """The recorded choices under the recorded lowering; none, and the line saying
+        it moved, under another (its kernels are its own)."""
         recorded = recorded_choices(experiment, self.catalog)
         ran_on = recorded.get(LOWERING_CHOICE, "-")
         if self.lowering is None or self.lowering == ran_on:
@@ -404,9 +388,8 @@ class CheckpointOpener:
     def _read_loads(
         self, program: Program, trainer: Trainer, experiment: Mapping[str, Any]
     ) -> list[str]:
-        """The ``:load`` files checked against the ones the checkpoint pinned
-        (``E-LOAD-001``), and its frozen ``:load`` parameters read from them into
-        ``trainer``, as a resume does; the ``load`` lines of files at another path."""
+        """The ``:load`` files checked against the checkpoint's (``E-LOAD-001``) and its
+        frozen ones read into ``trainer``, as a resume does; the lines of moved files."""
         if not any(param.load is not None for param in program.params):
             return []
         from sexpgpu.checkpoint import compare_loads

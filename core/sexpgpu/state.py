@@ -1,6 +1,5 @@
 """Where a run is, as one record: what a checkpoint's ``state.json`` holds and a resume
-starts from. It is passed by value (each committed step makes the next one) and
-saved whole, so what a checkpoint records is always one step's state."""
+starts from, passed by value (each committed step makes the next) and saved whole."""
 
 from __future__ import annotations
 

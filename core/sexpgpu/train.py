@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from sexpgpu.batches import StageBatches, open_batches
 from sexpgpu.errors import CheckpointError, RunError, SexpError, StorageError
-from sexpgpu.extension import Evaluator, RankGroup, Storage, Trainer
+from sexpgpu.extension import Evaluator, RankGroup, Trainer
 from sexpgpu.lang.schedule import lr_at
 from sexpgpu.log import get_logger
 from sexpgpu.opening import Selection, Target, open_request
@@ -44,16 +44,13 @@ class RunOptions:
     selection: Selection
     target: Target = field(default_factory=Target)
     metrics_dir: str = DEFAULT_METRICS_DIR
-    metrics_sinks: tuple[str, ...] = ()
-    """The metrics sinks by name (``--metrics-sink``)."""
+    metrics_sinks: tuple[str, ...] = ()  #: by name (``--metrics-sink``)
     checkpoint_dir: str | None = None
     resume: str | None = None
-    keep_last: int | None = None
-    """``--keep-last``: wins over the file's ``:keep-last``."""
-    metrics_wait: float = 30.0
-    """``--metrics-wait``: seconds the end of the run waits for its metrics sinks."""
+    keep_last: int | None = None  #: ``--keep-last``: wins over the file's ``:keep-last``
+    metrics_wait: float = 30.0  #: seconds the end of the run waits for its metrics sinks
+    #: makes the run's :class:`Reporter` from (total steps, first step, tokens so far)
     reporter: Callable[[int, int, int | None], Reporter] = lambda total, step, tokens: Quiet()
-    """Makes the run's :class:`Reporter` from (total steps, first step, tokens so far)."""
 
 
 @dataclass
@@ -102,16 +99,12 @@ class Run:
     def __init__(self, catalog: Catalog) -> None:
         self.catalog = catalog
         self.log = get_logger("sexpgpu.run")
-        self.already_finished: str | None = None
-        """Set when the checkpoint resumed from is past the last step: nothing to do."""
-        self.group: RankGroup = SOLO
-        """This process's ranks: :data:`~sexpgpu.ranks.SOLO` unless a launcher started several."""
-        self.state = RunState()
-        """Where the run is: the last committed step's state, what a checkpoint records."""
+        self.already_finished: str | None = None  # resumed past the last step: nothing to do
+        self.group: RankGroup = SOLO  # unless a launcher started several ranks
+        self.state = RunState()  # the last committed step's: what a checkpoint records
         self.options: RunOptions | None = None
         self.watch: StopWatch | None = None
         self.stops: StopAgreement | None = None
-        self.storage: Storage | None = None
         self.session: Session | None = None
         self.program: Program | None = None
         self.trainer: Trainer | None = None
@@ -121,17 +114,12 @@ class Run:
         self.status: Any = None
         self.reporter: Reporter = Quiet()
         self.evaluator: Evaluator | None = None
-        self.compile_seconds: float | None = None
-        self.unreported: tuple[int, Any, float] | None = None
-        """A step whose loss is still on the device (see :meth:`train`)."""
-        self.failing_as: str | None = None
-        """What a failure is named by, when not a step (an eval pass)."""
+        self.unreported: tuple[int, Any, float] | None = None  # its loss still on the device
+        self.failing_as: str | None = None  # what names a failure that is no step's (a pass)
 
     @property
     def step(self) -> int:
         return self.state.step
-
-    # ------------------------------------------------------------------ setup
 
     def set_up(self, options: RunOptions, watch: StopWatch) -> None:
         """Open the work (compile, check the checkpoint location, read the checkpoint
@@ -142,7 +130,7 @@ class Run:
         # The ranks first: the device, who writes, and the counts a resume compares.
         self.group = join_group(options.target.device, self.catalog.lowerings())
         self.stops = StopAgreement(self.group, watch)
-        self.storage = open_location(self.catalog, options.checkpoint_dir, self.group, self.log)
+        storage = open_location(self.catalog, options.checkpoint_dir, self.group, self.log)
         selection = open_request(self.catalog, options.selection, options.target,
                                  resume=options.resume, checkpoint_dir=options.checkpoint_dir)  # fmt: skip
         self.log.info("compiling", file=selection.file)
@@ -168,7 +156,7 @@ class Run:
         self.trainer = session.lower(self.group.device)
         if self.group.size > 1:  # first: a rank compiles for its own part of the work
             session.use_group(self.group)
-        self.compile_seconds = self.trainer.warm_up()  # a compiling lowering pays it now
+        compile_seconds = self.trainer.warm_up()  # a compiling lowering pays it now
         moved = session.moved + session.fill()
         # Data: the batches of the stage the next step is in, opened as it starts.
         self.batches = StageBatches(
@@ -184,14 +172,12 @@ class Run:
         watch.loop_started()
         self.outputs = Outputs.open(
             options=options, session=session, state=self.state, group=self.group,
-            storage=self.storage, compile_seconds=self.compile_seconds, moved=moved, log=self.log,
+            storage=storage, compile_seconds=compile_seconds, moved=moved, log=self.log,
         )  # fmt: skip
         self.metrics, self.status = self.outputs.metrics, self.outputs.status
         self.reporter = options.reporter(
             program.steps, self.step, self.state.counters.get("tokens")
         )
-
-    # ------------------------------------------------------------------ loop
 
     def train(self) -> RunOutcome:
         """The step loop, and how the run ends: finished, interrupted or failed."""
@@ -276,11 +262,9 @@ class Run:
             )
         if bad is not None:
             kind, name, count = bad
-            what = (
-                f"proposed parameter of {name}" if kind == "parameter" else f"proposed state {name}"
-            )
+            what = f"parameter of {name}" if kind == "parameter" else f"state {name}"
             raise RunError(
-                f"the {what} has {count} values that are not finite; nothing was committed"
+                f"the proposed {what} has {count} values that are not finite; nothing was committed"
             )
 
     def _report_unreported(self, *, failing: bool = False) -> None:
@@ -347,8 +331,6 @@ class Run:
                 [n for n in self.state.evals_pending if n != eval_pass.name]
             )
 
-    # ------------------------------------------------------------ checkpoints
-
     def _checkpoint(self, *, finished: bool) -> None:
         """Checkpoint the current step (written and reported in the background)."""
         if self.outputs.checkpointer is not None:
@@ -356,8 +338,6 @@ class Run:
             self.outputs.checkpoint(
                 self.state, session=self.session, group=self.group, finished=finished
             )
-
-    # ---------------------------------------------------------------- endings
 
     def _interrupted(self, generating: bool = False) -> RunOutcome:
         # The spec's order: the stop is named and reported, then its checkpoint written.

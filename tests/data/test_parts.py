@@ -9,15 +9,9 @@ import pytest
 
 import sexpgpu_data
 from sexpgpu.errors import SexpError
-from sexpgpu.ranks import next_part
 from tests.catalogs import compile_text
 
 SOURCES = {info.name: info for info in sexpgpu_data.data_sources()}
-
-
-class _Rank:
-    def __init__(self, rank: int, size: int) -> None:
-        self.rank, self.size = rank, size
 
 
 def _opened(tmp_path, source: str):
@@ -45,7 +39,7 @@ def test_the_ranks_parts_are_the_whole_batch_in_rank_order(tmp_path, source, siz
     ranks = [_opened(tmp_path, source)[0] for _ in range(size)]
     for _ in range(9):  # past the end of an epoch of the file sources
         batch = whole.next_batch()
-        parts = [next_part(loader, _Rank(r, size)) for r, loader in enumerate(ranks)]
+        parts = [loader.next_part(r, size) for r, loader in enumerate(ranks)]
         for name, rows in batch.items():
             assert len(parts[0][name]) == len(rows) // size
             joined = np.concatenate([part[name] for part in parts])
@@ -59,13 +53,13 @@ def test_a_file_source_reads_only_its_rows(tmp_path):
     taken = []
     real = loader._take
     loader._take = lambda picked: taken.append(len(picked)) or real(picked)
-    next_part(loader, _Rank(1, 3))
+    loader.next_part(1, 3)
     assert taken == [2]
 
 
 def test_one_rank_takes_the_whole_batch(tmp_path):
     loader, twin = _opened(tmp_path, "sort")
-    batch = next_part(loader, _Rank(0, 1))
+    batch = loader.next_part(0, 1)
     assert all(batch[k].tobytes() == v.tobytes() for k, v in twin.next_batch().items())
 
 
