@@ -152,7 +152,9 @@ def start_iam_moto(log_dir: Path) -> tuple[Server, str, dict[str, tuple[str, str
         policy = {
             "Version": "2012-10-17",
             "Statement": [
-                {"Effect": "Allow", "Action": "s3:ListBucket", "Resource": f"arn:aws:s3:::{bucket}"}
+                # s3:List*, not s3:ListBucket alone: moto 5.2.6 checks ListObjectsV2 under
+                # an action of that name, where AWS checks s3:ListBucket
+                {"Effect": "Allow", "Action": "s3:List*", "Resource": f"arn:aws:s3:::{bucket}"}
             ],
         }
         iam.put_user_policy(  # 6
