@@ -1,15 +1,21 @@
-"""Every sharding under the compiled lowering, the data-parallel matrix on two ranks: a
-worker killed with SIGKILL (the launcher starts the ranks again from the last
-checkpoint), then a signal at a later step (to the launcher, or to one worker); the
-stop's checkpoint loads with safetensors.numpy, whole tensors; another device count is
-``E-DP-002``; and the resume ends on the bytes of a compiled run never stopped: of the
-same sharding, or of ``none`` for ``optimizer`` (an update is per parameter, so owning
-one changes no bit). No graph compiles twice, in any of those processes."""
+"""Every sharding under the compiled lowering on two ranks. ``optimizer`` and ``full``
+go through the data-parallel matrix: a worker killed with SIGKILL (the launcher
+starts the ranks again from the last checkpoint), then a signal at a later step (to
+the launcher, or to one worker); the stop's checkpoint loads with safetensors.numpy,
+whole tensors; and the resume ends on the bytes of a compiled run never stopped: of
+the same sharding, or of ``none`` for ``optimizer`` (an update is per parameter, so
+owning one changes no bit). ``none`` resumes from its own mid-run checkpoint in a new
+process to the same bytes. No graph compiles twice, in any of those processes.
+
+What the lowering does not touch is left to the eager tests, which run it for every
+sharding: another device count refused (``E-DP-002``), each signal at each target.
+"""
 
 from __future__ import annotations
 
 import os
 import random
+import shutil
 import signal
 from pathlib import Path
 
@@ -105,7 +111,14 @@ def _killed_then_stopped(root: Path, shard: str, target: str, name: str) -> int:
 @pytest.mark.slow
 def test_compiled_replicas_and_sharded_states_killed_then_stopped_resume_to_the_bytes(tmp_path):
     straight = _straight(tmp_path / "straight", "none")  # the reference of both
-    _check(tmp_path / "none", "none", "worker", "SIGHUP", straight)
+    # replicas: the step-20 checkpoint resumed in a new process
+    resumed = project(tmp_path / "none")
+    shutil.copytree(straight / "ckpt" / "step-00000020", resumed / "ckpt" / "step-00000020")
+    again = launch(resumed, *_args("none"), "--resume", "latest", steps=STEPS["none"])
+    assert again.returncode == 0, again.stderr
+    assert RECOMPILED not in again.stderr + again.stdout
+    last = f"step-{STEPS['none']:08d}"
+    assert_same_tensors(resumed / "ckpt" / last, straight / "ckpt" / last)
     _check(tmp_path / "optimizer", "optimizer", "launcher", "SIGTERM", straight)
 
 
@@ -117,7 +130,7 @@ def test_compiled_full_shards_killed_then_stopped_resume_to_the_bytes(tmp_path):
 
 def _check(root: Path, shard: str, target: str, name: str, straight: Path) -> None:
     """Killed, started again and stopped (:func:`_killed_then_stopped`); the stop's
-    checkpoint whole; E-DP-002 on three ranks; resumed to ``straight``'s bytes."""
+    checkpoint whole; resumed to ``straight``'s bytes."""
     program, steps = ("full.sx" if shard == "full" else PROGRAM), STEPS[shard]
     n = _killed_then_stopped(root, shard, target, name)
     stopped = root / "ckpt" / f"step-{n:08d}"
@@ -126,22 +139,6 @@ def _check(root: Path, shard: str, target: str, name: str, straight: Path) -> No
     params = load_file(str(stopped / "params.safetensors"))
     declared = {d.path: tuple(d.type.shape) for d in compile_file(str(HERE / program)).params}
     assert {path: array.shape for path, array in params.items()} == declared
-    # another device count is refused, and nothing is written
-    written = sorted(p.name for p in (root / "ckpt").iterdir())
-    three = launch(
-        root,
-        *_args(shard)[2:],
-        "--devices",
-        "3",
-        "--resume",
-        "latest",
-        steps=steps,
-        program=program,
-    )
-    assert three.returncode == 1, three.stderr
-    lines = [line for line in three.stderr.splitlines() if line.startswith("sexpgpu run:")]
-    assert lines and lines[0].startswith("sexpgpu run: E-DP-002: "), three.stderr
-    assert sorted(p.name for p in (root / "ckpt").iterdir()) == written
     again = launch(root, *_args(shard), "--resume", "latest", steps=steps, program=program)
     assert again.returncode == 0, again.stderr
     assert RECOMPILED not in again.stderr + again.stdout
