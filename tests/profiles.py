@@ -2,9 +2,10 @@
 
 Most of the suite runs `sexpgpu` with ``OMP_NUM_THREADS=1`` on the processor's own
 ATen capability. That hides whatever a run does differently when nothing is set: a
-fresh run at torch's default thread count against its resume, which pins the count
+fresh run at the thread count it chooses against its resume, which pins the count
 (issue 49 was such a case: MKL's mode left unset by a fresh run and set by its
-resume). The bit tests run under these profiles too, so what differs between the
+resume); and two threads, which a small program never chooses, come from
+``two-threads-lower-isa``. The bit tests run under these profiles too, so what differs between the
 machine a test was written on and another shows up on either.
 """
 

@@ -38,7 +38,7 @@ PROGRAM = """
   (forward (ids) (+ (-> (dropout (+ (embed ids) pos) 0.1) blocks norm head) bias)))
 (defdata train (sort :vocab 16) :seq 8 :batch 8)
 (defrun lm
-  :model (gpt 16 8 16 2 2)
+  :model (gpt 16 8 16 2 1)
   :data train
   :loss (cross-entropy (model inputs) targets)
   :optimizer (adamw :lr lr :schedule (cosine :warmup 2 :min-lr 0.001) :clip 1.0)
