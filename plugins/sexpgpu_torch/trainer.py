@@ -382,15 +382,18 @@ class TorchTrainer(Trainer):
                 self._held_to_contract(stage, states, mine, "init_states")
             else:
                 states = self.states
-            new_params, new_states = update.propose(
-                mine,
-                grads,
-                states,
-                lr=float(lr),
-                count=step - self.group_start[stage],
-                options=options,
-                decay=decay,
-            )
+            if mine:
+                new_params, new_states = update.propose(
+                    mine,
+                    grads,
+                    states,
+                    lr=float(lr),
+                    count=step - self.group_start[stage],
+                    options=options,
+                    decay=decay,
+                )
+            else:  # a rank owning no parameter (more ranks than parameters) updates nothing
+                new_params, new_states = {}, states
             if fresh:  # the first proposal of these states: once, not every step
                 self._held_to_contract(stage, new_states, mine, "propose")
             new_params = placement.share(new_params, trainable)  # every rank's new values

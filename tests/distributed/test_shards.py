@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 
 import pytest
@@ -23,6 +24,7 @@ from tests.e2e.helpers import (
     assert_same_tensors,
     events,
     experiments,
+    run_sexpgpu,
     step_dirs,
     wait_for_step,
 )
@@ -142,3 +144,43 @@ def test_an_eval_pass_split_across_ranks_gives_one_process_numbers(reference, tm
     # the last pass (step 280), in one process on the checkpoint it evaluated: the same bits
     last, again = last_pass_and_evaluate(reference, tmp_path / "copy", "probe/loss")
     assert again == [last]
+
+
+FEW_PARAMETERS = """
+(defmodel net (vocab dim)
+  (layer embed (embedding vocab dim))
+  (param head [dim vocab] :init (normal 0.1))
+  (forward (ids) (matmul (embed ids) head)))
+(defdata train (sort :vocab 16) :seq 8 :batch 12)
+(defrun few
+  :model (net 17 24)
+  :data train
+  :loss (cross-entropy (model inputs) targets)
+  :optimizer (sgd :lr 0.05 :momentum 0.9 :clip 0.5)
+  :steps 4
+  :checkpoint-every 2
+  :seed 436)
+"""
+"""Two parameters: on three ranks one of them owns none (found by a drawn program,
+seed 3201937436: its rank stopped the run with a torch error from the update)."""
+
+
+def test_more_ranks_than_parameters_leave_one_owning_none_and_the_replicas_bytes(tmp_path):
+    three = ("--devices", "3")
+    for shard in ("none", "optimizer"):
+        root = tmp_path / shard
+        root.mkdir()
+        (root / "few.sx").write_text(FEW_PARAMETERS)
+        done = run_sexpgpu("run", "few.sx", *three, "--shard", shard, "--checkpoint-dir", "ckpt",
+                           cwd=root)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+    optimizer = tmp_path / "optimizer" / "ckpt"
+    assert_same_tensors(optimizer / "step-00000004", tmp_path / "none" / "ckpt" / "step-00000004")
+    # resumed in a new process from the step-2 checkpoint, to the same bytes
+    resumed = tmp_path / "resumed"
+    shutil.copytree(optimizer / "step-00000002", resumed / "ckpt" / "step-00000002")
+    shutil.copy(tmp_path / "optimizer" / "few.sx", resumed / "few.sx")
+    again = run_sexpgpu("run", "few.sx", *three, "--resume", "latest", "--checkpoint-dir", "ckpt",
+                        cwd=resumed)  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    assert_same_tensors(resumed / "ckpt" / "step-00000004", optimizer / "step-00000004")
