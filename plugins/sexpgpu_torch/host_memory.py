@@ -13,7 +13,6 @@ library has no ``malloc_trim`` (musl, macOS) nothing is done.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import functools
 from collections.abc import Callable
 
@@ -21,8 +20,9 @@ from collections.abc import Callable
 @functools.cache
 def _malloc_trim() -> Callable[[int], int] | None:
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return libc.malloc_trim
+        # the symbols the process has loaded, the C library's among them (finding it by
+        # name would fork ``ldconfig -p`` from a process that holds torch)
+        return ctypes.CDLL(None).malloc_trim
     except (OSError, AttributeError):
         return None
 
