@@ -10,11 +10,28 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from sexpgpu import lang
 from sexpgpu.catalog import Catalog
 from sexpgpu.lang.ir import Program
+
+
+@dataclass(frozen=True)
+class RankOf:
+    """This process as rank ``rank`` of ``size`` (the :class:`sexpgpu.extension.RankGroup`
+    a launcher's workers join), as far as a trainer placed among ranks reads it before
+    a collective: what it owns, and whether it writes."""
+
+    rank: int
+    size: int = 2
+    nodes: int = 1
+    device: str = "cpu"
+
+    @property
+    def is_writer(self) -> bool:
+        return self.rank == 0
 
 
 @functools.cache

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import ast
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,7 @@ from sexpgpu_torch.placement import BY_SHARD, Single
 from sexpgpu_torch.placement.fully_sharded import FullySharded
 from sexpgpu_torch.placement.owned import OwnedAlone
 from sexpgpu_torch.placement.replicated import Replicated
-from tests.catalogs import compile_file, lower
+from tests.catalogs import RankOf, compile_file, lower
 
 PROGRAM = Path(__file__).resolve().parents[1] / "distributed" / "full.sx"
 """Two repeated blocks (an unrolled stack, inlined alone), a scalar, tables of 17 rows."""
@@ -30,20 +29,6 @@ ANSWERS = {  # exports_together, holds_replicas, evaluates_together
 }
 
 
-@dataclass
-class Rank:
-    """This process as rank ``rank`` of ``size``: what placing a trainer reads."""
-
-    rank: int
-    size: int = 2
-    nodes: int = 1
-    device: str = "cpu"
-
-    @property
-    def is_writer(self) -> bool:
-        return self.rank == 0
-
-
 @pytest.fixture(scope="module")
 def program():
     return compile_file(str(PROGRAM))
@@ -54,7 +39,7 @@ def placed(program, shard: str | None, rank: int = 0):
     trainer = lower(program)
     if shard is not None:
         trainer.shard = shard
-        trainer.use_group(Rank(rank))
+        trainer.use_group(RankOf(rank))
     return trainer
 
 
@@ -97,7 +82,7 @@ def test_full_shards_inline_no_repeat_and_compile_the_graphs_again(program) -> N
     trainer = lower(program)
     unrolled = trainer.stage_loss
     assert trainer.choices["stack:model.blocks"] == "unrolled"
-    trainer.use_group(Rank(0))  # full.sx says :shard full
+    trainer.use_group(RankOf(0))  # full.sx says :shard full
     assert isinstance(trainer.placement, FullySharded)
     assert trainer.placement.inline_sites(frozenset({"stack:model.blocks"})) == frozenset()
     assert trainer.stage_loss is not unrolled  # each iteration goes through its unit

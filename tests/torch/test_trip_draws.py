@@ -12,7 +12,6 @@ two ranks given the same prompts sample other tokens.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -21,7 +20,7 @@ import torch
 
 from sexpgpu_torch import sampling
 from sexpgpu_torch.rng import derive_seed
-from tests.catalogs import compile_text, lower, open_loader
+from tests.catalogs import RankOf, compile_text, lower, open_loader
 
 SEED, TRIPS, SAMPLES, VOCAB = 9, 3, 4, 8
 SOURCE = f"""
@@ -45,21 +44,6 @@ SOURCE = f"""
 """
 
 
-@dataclass
-class OneRankOfTwo:
-    """This process as rank ``rank`` of two (the :class:`sexpgpu.extension.RankGroup`
-    a launcher's workers join): enough to sample, which takes no collective."""
-
-    rank: int
-    size: int = 2
-    nodes: int = 1
-    device: str = "cpu"
-
-    @property
-    def is_writer(self) -> bool:
-        return self.rank == 0
-
-
 @pytest.fixture(scope="module")
 def program() -> Any:
     return compile_text(SOURCE, "drawing.sx")
@@ -76,7 +60,7 @@ def sampling_trainer(program: Any, rank: int | None) -> Any:
     trainer = lower(program)
     trainer.init_params()
     if rank is not None:
-        trainer.use_group(OneRankOfTwo(rank))
+        trainer.use_group(RankOf(rank))
     return trainer
 
 
