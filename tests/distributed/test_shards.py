@@ -165,8 +165,11 @@ FEW_PARAMETERS = """
 seed 3201937436: its rank stopped the run with a torch error from the update)."""
 
 
-def test_more_ranks_than_parameters_leave_one_owning_none_and_the_replicas_bytes(tmp_path):
-    three = ("--devices", "3")
+@pytest.mark.parametrize("lowering", ["torch", "compiled"])
+def test_more_ranks_than_parameters_leave_one_owning_none_and_the_replicas_bytes(
+    tmp_path, lowering
+):
+    three = ("--devices", "3", "--lowering", lowering)
     for shard in ("none", "optimizer"):
         root = tmp_path / shard
         root.mkdir()
