@@ -2,12 +2,13 @@
 PyTorch and put through ``torch.compile``, interleaved in one process.
 
     .venv/bin/python benchmarks/bench_compiled.py [--steps 20] [--rounds 7] [--threads 1]
-        [--set dim=256 --set layers=4 --set heads=8]
+        [--set dim=256 --set layers=4 --set heads=8] [--update fused|compiled]
 
 The model is examples/tiny-lm.sx (by default at dim=256, layers=4, heads=8). Both
 sides compile before timing (the warm-up steps also check that they compute the
 same losses); then rounds of ``--steps`` steps alternate between them, so both see
-the same machine load. Prints each side's median steps/s with its spread (min-max
+the same machine load. ``--update`` pins the choice ``optimizer.update`` (a new
+run's default otherwise: ``fused``). Prints each side's median steps/s with its spread (min-max
 over rounds) and the ratio compiled / hand-written (goal >= 0.97). Both sides read
 the loss on the host every step, as a run's progress line does.
 """
@@ -15,6 +16,7 @@ the loss on the host every step, as a run's progress line does.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import statistics
@@ -33,6 +35,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7, help="interleaved rounds per side")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--set", dest="sets", action="append", default=None, metavar="K=V")
+    parser.add_argument("--update", choices=("fused", "compiled"), help="optimizer.update")
     args = parser.parse_args()
     sets = dict(s.split("=", 1) for s in (args.sets or ["dim=256", "layers=4", "heads=8"]))
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
@@ -48,6 +51,10 @@ def main() -> None:
     program = Selection(str(EXAMPLE), sets=sets).compile(catalog)
     started = time.perf_counter()
     choices = Target(lowering="compiled").choices(program, None)
+    if args.update:
+        choices = dataclasses.replace(
+            choices, requested={**choices.requested, "optimizer.update": args.update}
+        )
     trainer = lower(program, catalog, device="cpu", choices=choices).trainer
     trainer.warm_up()  # as a run does: every graph compiled before the first step
     ours_compile = time.perf_counter() - started
@@ -85,7 +92,11 @@ def main() -> None:
         i += args.steps
 
     knobs = " ".join(f"{k}={v}" for k, v in sets.items())
-    print(f"examples/tiny-lm.sx ({knobs}) on cpu, {args.threads} thread(s), attention math")
+    update = trainer.choices.get("optimizer.update")
+    print(
+        f"examples/tiny-lm.sx ({knobs}) on cpu, {args.threads} thread(s), attention math, "
+        f"update {update}"
+    )
     # both sides compile in this one process, the hand-written one second, on the
     # caches and headers the first left: no comparison (bench_compile_time.py is)
     print(

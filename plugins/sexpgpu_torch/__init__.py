@@ -10,7 +10,7 @@
   built-in op.
 - What the lowerings take on the machine: the CPU's summation-order choices
   (``cpu.*``, ``torch.version``), the CUDA switches (``cuda.*``), pinned snapshots.
-- What ``sexpgpu run`` takes for them: the options ``--threads`` and ``--shard``
+- What ``sexpgpu run`` takes for them: the options ``--threads``, ``--update`` and ``--shard``
   (recorded choices), and the launcher of ``--devices N`` (torch's elastic agent).
 
 The CUDA-only kernels (SDPA backends, cuDNN engines) are the ``cuda`` plugin's
@@ -37,7 +37,7 @@ from sexpgpu.extension import (
 from sexpgpu.hookspecs import hookimpl
 from sexpgpu.lang.ir import SHARDINGS
 from sexpgpu_torch.cpu_environment import THREADS
-from sexpgpu_torch.names import COMPILED, LOWERING
+from sexpgpu_torch.names import COMPILED, LOWERING, UPDATE, UPDATES
 
 
 def _eager_factory() -> Any:
@@ -148,6 +148,14 @@ def sexpgpu_run_options() -> list[RunOptionInfo]:
             minimum=1,
             help="The CPU's intra-op thread count (default: OMP_NUM_THREADS, else torch's, "
             "from the cores this process may use). Recorded, and pinned on resume.",
+        ),
+        RunOptionInfo(
+            "--update",
+            UPDATE,
+            values=UPDATES,
+            help="How the compiled lowering's sgd, adam and adamw update: fused (torch's fused "
+            "kernels, the default; nothing to compile) or compiled (one compiled graph, the "
+            "eager lowering's terms). Recorded, and pinned on resume.",
         ),
         RunOptionInfo(
             "--shard",

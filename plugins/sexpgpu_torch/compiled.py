@@ -1,10 +1,12 @@
 """The compiled strategy: the trainer's graphs through ``torch.compile`` (inductor).
 
 :class:`Compiled` wraps the very functions the eager strategy runs: each stage's
-loss (AOTAutograd compiles its backward with it), each optimizer update
-(:mod:`sexpgpu_torch.compiled_optim`), and each eval pass. Nothing else differs,
-so the numbers agree with the eager lowering's within float tolerance and a resume
-takes the same compiled code as the run it continues (bit for bit).
+loss (AOTAutograd compiles its backward with it) and each eval pass. A built-in
+optimizer updates through torch's fused kernels (:mod:`sexpgpu_torch.fused_optim`,
+nothing to compile) or as one compiled graph (:mod:`sexpgpu_torch.compiled_optim`),
+as the recorded ``optimizer.update`` says. The numbers agree with the eager
+lowering's within float tolerance, and a resume takes the same compiled code and
+update as the run it continues (bit for bit).
 
 A run compiles every graph before its first step (the trainer's ``warm_up``, which
 the run calls once after lowering), on stand-in tensors of the program's shapes, so
@@ -24,12 +26,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from sexpgpu.choices import Choices, cannot_take
 from sexpgpu.extension import OptimizerUpdate
 from sexpgpu.log import get_logger
 from sexpgpu_torch.compiled_optim import CompiledUpdate
 from sexpgpu_torch.cuda import PinnedSnapshots
+from sexpgpu_torch.fused_optim import FusedUpdate
 from sexpgpu_torch.graphs import Ctx
 from sexpgpu_torch.isa_probe import remember_probes
+from sexpgpu_torch.names import UPDATE, UPDATES
 from sexpgpu_torch.recompiles import CompiledOnce, watching
 from sexpgpu_torch.strategy import GraphFn, copy_plainly
 
@@ -40,6 +45,25 @@ Tensor = torch.Tensor
 
 BACKEND = "inductor"
 """torch.compile's backend, recorded as the choice ``compile.backend``."""
+
+DEFAULT_UPDATE = "fused"
+"""A new run's update: nothing to compile, and the kernels ``torch.optim`` takes with
+``fused=True`` (a checkpoint that recorded no update ran ``compiled``)."""
+
+
+def take_update(choices: Choices) -> str:
+    """The update a compiled run takes (the recorded ``optimizer.update``: fused kernels,
+    :mod:`sexpgpu_torch.fused_optim`, or one compiled graph,
+    :mod:`sexpgpu_torch.compiled_optim`): the requested or pinned one, ``compiled``
+    for a checkpoint written before the choice was recorded, else
+    :data:`DEFAULT_UPDATE`."""
+    value = choices.pin(UPDATE)
+    if value is None:
+        continued = choices.pinned and bool(choices.recorded)
+        return "compiled" if continued else DEFAULT_UPDATE
+    if value not in UPDATES:
+        raise cannot_take(UPDATE, value, f"it is none of {', '.join(UPDATES)}")
+    return value
 
 
 def prepare_caches() -> None:
@@ -151,8 +175,9 @@ class Compiled:
     fixed_shapes = True
     """A new shape compiles again: a generator's cache is read whole, masked."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, update: str = DEFAULT_UPDATE) -> None:
         self.snapshots = PinnedSnapshots(device) if device.type == "cuda" else None
+        self.update_kind = update  # the recorded optimizer.update
 
     def context(self, seed: int, device: torch.device) -> MaskedCtx:
         """A context whose dropout masks enter the compiled graphs as inputs."""
@@ -169,8 +194,11 @@ class Compiled:
             raise TypeError("the compiled strategy's graphs read the context it made")
         return MaskedLoss(graph, ctx)
 
-    def update(self, update: OptimizerUpdate) -> OptimizerUpdate:
-        """A built-in update as one compiled graph; a plugin's update as it is."""
+    def update(self, update: OptimizerUpdate, *, overwrites: bool) -> OptimizerUpdate:
+        """A built-in update through torch's fused kernel or as one compiled graph (the
+        recorded ``optimizer.update``); a plugin's update as it is."""
+        if self.update_kind == "fused":
+            return FusedUpdate(update, overwrites=overwrites)
         return CompiledUpdate(update, BACKEND)
 
     def evaluation(self, graph: GraphFn) -> GraphFn:

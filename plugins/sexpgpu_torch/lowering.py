@@ -20,7 +20,7 @@ from sexpgpu.errors import PluginError
 from sexpgpu.extension import KernelInfo, Supplies
 from sexpgpu.kernels import choose_kernels, device_kind
 from sexpgpu.lang.ir import Program
-from sexpgpu_torch.compiled import BACKEND, Compiled, prepare_caches
+from sexpgpu_torch.compiled import BACKEND, Compiled, prepare_caches, take_update
 from sexpgpu_torch.cpu import take as take_cpu_choices
 from sexpgpu_torch.cuda import (
     runnable,
@@ -29,7 +29,7 @@ from sexpgpu_torch.cuda import (
     take_eager_determinism,
     take_switches,
 )
-from sexpgpu_torch.names import COMPILED, LOWERING
+from sexpgpu_torch.names import COMPILED, LOWERING, UPDATE
 from sexpgpu_torch.placement import take_shard
 from sexpgpu_torch.strategy import Eager
 from sexpgpu_torch.threads import choose as choose_threads
@@ -51,6 +51,10 @@ class EagerLowering:
             raise PluginError(f"the torch lowering cannot run on '{device}' (cpu or cuda)")
         if kind == "cuda" and not torch.cuda.is_available():
             raise PluginError(f"--device {device}: torch sees no CUDA device here")
+        if choices.is_request(UPDATE):  # a pinned one is a compiled run's, evaluated eagerly
+            raise cannot_take(
+                UPDATE, choices.pin(UPDATE) or "", "the eager lowering updates with its own ops"
+            )
         take_eager_determinism(program, device)
         here = runnable(supplies.kernels, program, device)
         chosen = choose_kernels(
@@ -100,14 +104,15 @@ class CompiledLowering:
         cpu_choices = take_cpu_choices(pins, device, choose_threads(program))
         align, aligned = take_alignment(device, pins)
         shard = take_shard(program, choices)
+        update = take_update(choices)
         return TorchTrainer(
             program,
             device=device,
             chosen=chosen,
             optimizers=supplies.optimizers,
             ops=supplies.ops,
-            strategy=Compiled(torch.device(device)),
-            made={**cpu_choices, **switches, **aligned, COMPILE_BACKEND: BACKEND},
+            strategy=Compiled(torch.device(device), update),
+            made={**cpu_choices, **switches, **aligned, COMPILE_BACKEND: BACKEND, UPDATE: update},
             shard=shard,
             align=align,
         )

@@ -12,3 +12,11 @@ LOWERING = "torch"
 
 COMPILED = "compiled"
 """The compiled lowering: every graph through ``torch.compile`` (CUDA's default)."""
+
+UPDATE = "optimizer.update"
+"""The recorded choice of how the compiled lowering's built-in optimizers update:
+``fused`` (torch's fused kernels) or ``compiled`` (one compiled graph); ``sexpgpu run
+--update``."""
+
+UPDATES = ("fused", "compiled")
+"""The values of :data:`UPDATE`."""

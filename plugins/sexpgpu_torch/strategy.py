@@ -51,8 +51,11 @@ class Strategy(Protocol):
     def stage_loss(self, graph: GraphFn, ctx: Ctx) -> GraphFn:
         """How a stage's loss graph (over ``ctx``) is run; its backward follows it."""
 
-    def update(self, update: OptimizerUpdate) -> OptimizerUpdate:
-        """How an optimizer's update is run."""
+    def update(self, update: OptimizerUpdate, *, overwrites: bool) -> OptimizerUpdate:
+        """How an optimizer's update is run; ``overwrites``: the trainer reads neither its
+        inputs nor anything but what it proposes again (no finite guard, and a
+        placement that commits the tensors it is given), so a kernel may write into
+        them instead of into copies."""
 
     def evaluation(self, graph: GraphFn) -> GraphFn:
         """How an eval pass's graph is run."""
@@ -98,7 +101,7 @@ class Eager:
         """The graph as it is."""
         return graph
 
-    def update(self, update: OptimizerUpdate) -> OptimizerUpdate:
+    def update(self, update: OptimizerUpdate, *, overwrites: bool) -> OptimizerUpdate:
         """The update as it is."""
         return update
 

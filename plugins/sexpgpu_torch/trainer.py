@@ -161,7 +161,12 @@ class TorchTrainer(Trainer):
                     pos=s.optimizer.pos,
                 )
             options = {**info.options, **s.optimizer.options}
-            update = strategy.update(with_defaults(info.factory(), OptimizerUpdate))
+            # with no guard to refuse a proposal, every placement commits the very
+            # tensors proposed and nothing reads the ones they replace
+            update = strategy.update(
+                with_defaults(info.factory(), OptimizerUpdate),
+                overwrites=not program.run.guard_finite,
+            )
             check_optimizer(info, update, options, trainable_types, s.optimizer.pos)
             self.updates.append((update, options))
             self.optimizer_infos.append(info)

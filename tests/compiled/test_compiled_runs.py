@@ -1,14 +1,20 @@
 """The compiled lowering on the CPU, as a user runs it: `sexpgpu run --lowering compiled`.
 
 One module-scoped set of runs of a small transformer (dropout, a frozen parameter,
-the finite guard, an eval pass, a cosine schedule, clipping) serves every test:
+an eval pass, a cosine schedule, clipping) serves every test. With no finite guard,
+the fused AdamW update writes into the parameters and states themselves (the guarded
+path, into copies, gives the same bits: tests/torch/test_fused_update.py):
 
 - ``full``: 6 compiled steps, checkpoints at 3 and 6;
 - ``part``: the step-3 checkpoint of ``full`` resumed without ``--lowering`` (the
   recorded lowering is taken), to step 6;
 - ``eager``: the same 6 steps on the eager lowering;
 - ``fresh``: eager's step-3 checkpoint resumed with ``--lowering compiled --choices fresh``;
-- ``guard``: a compiled run whose learning rate makes the first proposal infinite.
+- ``graph``: ``full`` with ``--update compiled`` (the update as one compiled graph);
+- ``graph-old``: its step-3 checkpoint with no ``optimizer.update`` recorded (as
+  written before the choice was), resumed to step 6;
+- ``guard``: a compiled run with the finite guard whose learning rate makes the first
+  proposal infinite.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from tests.e2e.helpers import events, experiments, run_sexpgpu
 PROGRAM = """
 (defknob steps 6)
 (defknob lr 0.01)
+(defknob guard false)
 (defmodel gpt (vocab seq dim heads layers)
   (layer embed (embedding vocab dim))
   (param pos [seq dim] :init (normal 0.02))
@@ -45,7 +52,7 @@ PROGRAM = """
   :steps steps
   :checkpoint-every 3
   :seed 3
-  :guard-finite true
+  :guard-finite guard
   :evals ((eval probe :every 3 :data train :batches 1 :metrics (loss accuracy))))
 """
 
@@ -87,11 +94,27 @@ def runs(tmp_path_factory: pytest.TempPathFactory, compiled_env: dict[str, str])
         "--choices",
         "fresh",
     )
+    done["graph"] = _run(
+        folder, compiled_env, "graph", "--lowering", "compiled", "--update", "compiled"
+    )
+    step = _copy_step(folder, "graph", THREE, "graph-old")
+    experiment = _experiment(step)
+    del experiment["choices"]["optimizer.update"]
+    (step / "experiment.json").write_text(json.dumps(experiment))
+    done["graph-old"] = _run(folder, compiled_env, "graph-old", "--resume", "latest")
     for name, result in done.items():
         assert result.returncode == 0, f"{name}: {result.stderr[-3000:]}"
     # the same graphs (the rate enters as an input), so torch's caches serve it
     done["guard"] = _run(
-        folder, compiled_env, "guard", "--lowering", "compiled", "--set", "lr=1e39"
+        folder,
+        compiled_env,
+        "guard",
+        "--lowering",
+        "compiled",
+        "--set",
+        "lr=1e39",
+        "--set",
+        "guard=true",
     )
     return folder, done
 
@@ -181,6 +204,7 @@ def test_the_lowering_and_its_choices_are_recorded_and_pinned(runs):
     recorded = _experiment(folder / "full" / THREE)["choices"]
     assert recorded["lowering"] == "compiled"
     assert recorded["compile.backend"] == "inductor"
+    assert recorded["optimizer.update"] == "fused"
     assert recorded["attention:model.blocks.attn"] == "math"  # deterministic: no sdpa
     assert not any(name.startswith("cuda.") for name in recorded)  # nothing CUDA on the CPU
     # the resume took the recorded lowering without being told, and every other choice
@@ -192,6 +216,46 @@ def test_the_lowering_and_its_choices_are_recorded_and_pinned(runs):
     assert started["compile_seconds"] > 0
     # whole graphs: nothing fell back to eager (dropout's masks come in as inputs)
     assert all("graph breaks" not in result.stderr for result in done.values())
+
+
+def test_the_update_as_a_compiled_graph_and_a_checkpoint_that_recorded_none(runs):
+    folder, _ = runs
+    # --update compiled is recorded; fused and compiled train alike, in other bits
+    assert _experiment(folder / "graph" / SIX)["choices"]["optimizer.update"] == "compiled"
+    graph, fused = (
+        _points(folder / "metrics-graph", "loss"),
+        _points(folder / "metrics-full", "loss"),
+    )
+    assert all(abs(graph[s] - fused[s]) <= 1e-4 * abs(fused[s]) for s in fused)
+    # a checkpoint written before the choice was recorded ran the compiled graph: its
+    # resume takes it, records it, and is bit-exact
+    old = _experiment(folder / "graph-old" / SIX)["choices"]
+    assert old["optimizer.update"] == "compiled"
+    resumed, uninterrupted = _tensors(folder / "graph-old" / SIX), _tensors(folder / "graph" / SIX)
+    assert all(resumed[k].tobytes() == uninterrupted[k].tobytes() for k in uninterrupted)
+
+
+@pytest.mark.parametrize(
+    ("source", "args", "said"),
+    [
+        (
+            "graph",
+            ("--update", "fused"),
+            "'compiled' for optimizer.update cannot be taken with --update fused",
+        ),
+        ("eager", ("--update", "compiled"), "'compiled' for optimizer.update cannot be taken here"),
+    ],
+)
+def test_update_against_the_record_or_on_the_eager_lowering_is_refused(
+    runs, compiled_env, source, args, said
+):
+    folder, _ = runs
+    target = f"refused-{source}"
+    _copy_step(folder, source, THREE, target)
+    refused = _run(folder, compiled_env, target, "--resume", "latest", *args)
+    assert refused.returncode != 0, refused.stderr[-2000:]
+    (line,) = [ln for ln in refused.stderr.splitlines() if "E-CHOICE-001" in ln]
+    assert said in line and "Traceback" not in refused.stderr
 
 
 def test_an_eager_checkpoint_resumed_compiled_is_refused_unless_fresh(runs, compiled_env):
