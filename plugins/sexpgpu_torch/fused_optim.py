@@ -33,10 +33,19 @@ Tensor = torch.Tensor
 
 def _fresh(tensors: Sequence[Tensor], given: Sequence[Tensor], overwrites: bool) -> list[Tensor]:
     """``tensors`` to write into: each a copy where it is one of ``given`` (the caller's,
-    which must stay as they are) unless ``overwrites``."""
-    if overwrites:
-        return list(tensors)
-    return [t.clone() if t is g else t for t, g in zip(tensors, given, strict=True)]
+    which must stay as they are) unless ``overwrites``, and wherever it is not
+    contiguous (:func:`_readable`)."""
+    return [
+        t.contiguous() if not t.is_contiguous() else t.clone() if t is g and not overwrites else t
+        for t, g in zip(tensors, given, strict=True)
+    ]
+
+
+def _readable(tensors: Sequence[Tensor]) -> list[Tensor]:
+    # The fused kernels walk each tensor's memory in order, whatever its strides: on
+    # the CPU a transposed gradient (a tied embedding's, from the logits' product with
+    # the table's transpose) is read in the wrong order, silently.
+    return [t.contiguous() for t in tensors]
 
 
 def _picked(values: Sequence[Any], flags: Sequence[bool], want: bool) -> list[Any]:
@@ -56,7 +65,7 @@ def _sgd(params, grads, states, *, lr, count, options, decay, overwrites):  # no
     bufs = _fresh(list(states["momentum"]), states["momentum"], overwrites) if momentum else []
     torch._fused_sgd_(
         new,
-        eager.as_f32(grads),
+        _readable(eager.as_f32(grads)),
         bufs,
         weight_decay=float(options.get("weight_decay", 0.0)),
         momentum=momentum,
@@ -76,7 +85,7 @@ def _adam(decoupled: bool) -> Callable[..., Any]:
         new = _fresh(eager.as_f32(params), params, overwrites)
         m = _fresh(list(states["m"]), states["m"], overwrites)
         v = _fresh(list(states["v"]), states["v"], overwrites)
-        g = eager.as_f32(grads)
+        g = _readable(eager.as_f32(grads))
         steps = _steps(count, new)
         wd = float(options.get("weight_decay", 0.0))
         # adamw decays only the flagged tensors; adam's L2 decay goes into every gradient
