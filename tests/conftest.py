@@ -158,6 +158,20 @@ def torch_compile_cache(request: pytest.FixtureRequest) -> Path:
     return cache.mkdir("torch-compile-cache")
 
 
+@pytest.fixture
+def compile_quietly(monkeypatch: pytest.MonkeyPatch, torch_compile_cache: Path):
+    """torch.compile in this process: into the pytest run's shared compile caches, and
+    on this thread (inductor's pool of compile workers would outlive the test).
+    inductor's setting goes through its own ``patch``: pytest's ``monkeypatch`` put it
+    back by deleting it, which torch's config module takes as hiding it, and every
+    later compile in the worker failed ("compile_threads does not exist")."""
+    import torch._inductor.config as inductor_config
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(torch_compile_cache))
+    with inductor_config.patch(compile_threads=1):
+        yield
+
+
 # The tests that share a module- or package-scoped fixture (a trained run, a server,
 # a built wheel) run on one worker, so that the fixture is made once in a run rather
 # than once per worker: each worker writes, as it collects, which tests share one

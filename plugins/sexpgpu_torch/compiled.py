@@ -102,6 +102,8 @@ class MaskedCtx(Ctx):
 
     __slots__ = ("wanted",)
 
+    fuses = True  # inductor fuses elementwise work into the reductions reading it
+
     def __init__(self, seed: int, device: torch.device) -> None:
         super().__init__(seed, device)
         self.wanted: list[tuple] | None = None

@@ -1,14 +1,23 @@
 """Cross-entropy of bf16 logits without an f32 copy of them.
 
-``F.cross_entropy(logits.float(), ...)`` on GPT-2 small's bf16 logits (16,384 rows
-of 50,257) makes a 3.3 GB f32 copy, and keeps its 3.3 GB log-softmax for the
-backward. Here the rows are taken a chunk at a time: each chunk is raised to f32,
+``F.cross_entropy(logits.float(), ...)`` run eagerly on GPT-2 small's bf16 logits
+(16,384 rows of 50,257) makes a 3.3 GB f32 copy, and keeps its 3.3 GB log-softmax
+for the backward. So the eager lowering takes the rows a chunk at a time
+(:func:`cross_entropy`): each chunk is raised to f32,
 its log-sum-exp and target logit read, and the chunk let go; the backward raises
 each chunk again and writes its gradient in the logits' dtype. What is kept between
 the two is the bf16 logits (alive anyway) and one f32 number per row, and no
 chunk's f32 copy is larger than :data:`CHUNK_BYTES`. The sums are f32, as
 ``F.cross_entropy`` of the upcast logits takes them; f32 logits keep
 ``F.cross_entropy`` itself (its bits are the CPU runs' recorded ones).
+
+Under ``torch.compile`` none of this is needed, and the chunks would cost: inductor
+fuses the upcast into the log-softmax's reductions and AOTAutograd's partitioner
+keeps the bf16 logits and two f32 numbers per row for the backward, which it
+recomputes in one fused pass, so the upcast cross-entropy itself
+(:func:`upcast_cross_entropy`) holds no f32 copy; and a custom autograd function
+in the graph would make AOTAutograd's cache pass the graph by, tracing it again at
+every start. The compiled lowering takes that one.
 
 Negative targets are masked out, as in ``cross-entropy``: they count neither in the
 sum nor in the mean (every one masked: NaN, as ``F.cross_entropy`` gives).
@@ -65,12 +74,19 @@ class ChunkedCrossEntropy(torch.autograd.Function):
         return out, None
 
 
-def cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
+def upcast_cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
     """The mean cross-entropy over every position but the masked ones (negative
-    targets); ``logits`` ``[..., vocab]``, ``targets`` the leading shape."""
+    targets), of ``logits`` ``[..., vocab]`` raised to f32 (a no-op for f32);
+    ``targets`` the leading shape. What a fusing compiler should see."""
     flat = targets.reshape(-1)
-    rows = logits.reshape(-1, logits.shape[-1])
-    if rows.dtype == torch.float32:
-        masked = torch.where(flat < 0, torch.full_like(flat, -100), flat)
-        return torch.nn.functional.cross_entropy(rows, masked, ignore_index=-100)
-    return ChunkedCrossEntropy.apply(rows, flat)
+    rows = logits.reshape(-1, logits.shape[-1]).float()
+    masked = torch.where(flat < 0, torch.full_like(flat, -100), flat)
+    return torch.nn.functional.cross_entropy(rows, masked, ignore_index=-100)
+
+
+def cross_entropy(logits: Tensor, targets: Tensor) -> Tensor:
+    """:func:`upcast_cross_entropy`'s value, for bf16 logits chunk by chunk
+    (:class:`ChunkedCrossEntropy`); f32 logits take ``F.cross_entropy`` itself."""
+    if logits.dtype == torch.float32:
+        return upcast_cross_entropy(logits, targets)
+    return ChunkedCrossEntropy.apply(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))

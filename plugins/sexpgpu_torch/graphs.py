@@ -41,6 +41,10 @@ class Ctx:
 
     __slots__ = ("params", "inputs", "step", "training", "seed", "device", "units", "align")
 
+    fuses = False
+    """Whether the graphs go through a compiler that fuses elementwise work into the
+    reductions reading it (an op may then leave its memory to the compiler)."""
+
     def __init__(self, seed: int, device: torch.device) -> None:
         self.params: dict[str, Tensor] = {}
         self.inputs: dict[str, Tensor] = {}
@@ -190,6 +194,11 @@ class GraphCompiler:
     def align(self) -> int:
         """The multiple a matrix product's inner and outer dimensions are padded to."""
         return self.ctx.align
+
+    @property
+    def fuses(self) -> bool:
+        """Whether a compiler fuses the graph's elementwise work (:attr:`Ctx.fuses`)."""
+        return self.ctx.fuses
 
     def dropout(self, p: float, key: int, iteration: int | None) -> Callable[..., Tensor]:
         """Dropout whose mask is drawn from ``(seed, "dropout", step, key[, iteration])``.

@@ -21,7 +21,7 @@ from sexpgpu.errors import RunError
 from sexpgpu.lang.ir import Node, TensorType
 from sexpgpu.lang.ops import implementation_of
 from sexpgpu_torch.contracts import check_op
-from sexpgpu_torch.cross_entropy import cross_entropy
+from sexpgpu_torch.cross_entropy import cross_entropy, upcast_cross_entropy
 from sexpgpu_torch.dtypes import TORCH_DTYPES
 from sexpgpu_torch.names import LOWERING
 
@@ -43,6 +43,10 @@ class Lowerer(Protocol):
     align: int
     """The multiple a matrix product's inner and outer dimensions are padded to (0: as
     declared): the recorded ``cuda.align`` on a GPU, 0 on the CPU."""
+    fuses: bool
+    """Whether a compiler fuses the graph's elementwise work into the reductions that
+    read it (the compiled lowering's inductor), so an upcast feeding a reduction is
+    never a tensor of its own."""
 
     def arg_type(self, node: Node, i: int) -> TensorType:
         """The type of ``node``'s argument ``i``."""
@@ -324,7 +328,7 @@ _TABLE: dict[str, Builder] = {
     "dropout": lambda node, low, it: low.dropout(
         float(node.attrs["p"]), int(node.attrs["key"]), it
     ),
-    "cross_entropy": _fixed(cross_entropy),
+    "cross_entropy": lambda node, low, it: upcast_cross_entropy if low.fuses else cross_entropy,
     "accuracy": _fixed(_accuracy),
     "mse": _fixed(_mse),
     "cast": _cast,

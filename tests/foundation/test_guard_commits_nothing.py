@@ -8,8 +8,6 @@ once the run has failed, so its tensors can be compared with what they were."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
@@ -33,16 +31,6 @@ def tensor_bytes(trainer) -> dict[str, tuple[str, tuple[int, ...], bytes]]:
         k: (str(v.dtype), tuple(v.shape), np.ascontiguousarray(v).tobytes())
         for k, v in exported.items()
     }
-
-
-@pytest.fixture
-def compile_quietly(monkeypatch: pytest.MonkeyPatch, torch_compile_cache: Path) -> None:
-    """torch.compile in this process: into the pytest run's shared compile caches, and
-    on this thread (inductor's pool of compile workers would outlive the test)."""
-    import torch._inductor.config as inductor_config
-
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(torch_compile_cache))
-    monkeypatch.setattr(inductor_config, "compile_threads", 1)
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,11 @@
-"""The cross-entropy of bf16 logits, chunk by chunk in f32 without an f32 copy of the
-logits (sexpgpu_torch.cross_entropy), against ``F.cross_entropy`` of the upcast
-logits: values and gradients, masked targets, eagerly and under torch.compile."""
+"""The cross-entropy of bf16 logits. The eager lowering's goes chunk by chunk in f32
+without an f32 copy of the logits (sexpgpu_torch.cross_entropy), checked against
+``F.cross_entropy`` of the upcast logits: values and gradients, masked targets,
+eagerly and under torch.compile. The compiled lowering's is the upcast one, which
+inductor fuses: checked that AOTAutograd's partition (with inductor's
+decompositions) keeps no f32 tensor of the logits' size for the backward, and that
+a bf16 program's graphs reach AOTAutograd's cache (a custom autograd function made
+it pass them by, tracing them again at every start)."""
 
 from __future__ import annotations
 
@@ -87,3 +92,81 @@ def test_under_torch_compile_it_gives_the_eager_values() -> None:
     (g_ours,) = torch.autograd.grad(ours, logits)
     (g_eager,) = torch.autograd.grad(ce.cross_entropy(logits, targets), logits)
     torch.testing.assert_close(g_ours.float(), g_eager.float())
+
+
+def test_each_lowering_takes_its_own() -> None:
+    from sexpgpu_torch.ops import IMPLEMENTATIONS
+
+    class Low:
+        fuses = False
+
+    builder = IMPLEMENTATIONS["cross_entropy"]
+    assert builder(None, Low(), None) is ce.cross_entropy
+    Low.fuses = True
+    assert builder(None, Low(), None) is ce.upcast_cross_entropy
+
+
+def _saved_for_backward(fn, *args) -> list[torch.Tensor]:
+    """What AOTAutograd's partitioner, on inductor's decompositions, keeps from the
+    forward of ``fn(*args)`` for the backward."""
+    from functorch.compile import min_cut_rematerialization_partition
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._inductor.decomposition import select_decomp_table
+
+    kept: list[torch.Tensor] = []
+
+    def forward(gm, example_inputs):  # type: ignore[no-untyped-def]
+        (output,) = [n for n in gm.graph.nodes if n.op == "output"]
+        kept.extend(a.meta["val"] for a in output.args[0][1:])  # past the loss
+        return gm
+
+    backend = aot_autograd(
+        fw_compiler=forward,
+        bw_compiler=lambda gm, example_inputs: gm,
+        partition_fn=min_cut_rematerialization_partition,
+        decompositions=select_decomp_table(),
+    )
+    torch._dynamo.reset()
+    torch.compile(fn, backend=backend)(*args).backward()
+    return kept
+
+
+def test_the_compiled_upcast_keeps_no_f32_copy_of_the_logits() -> None:
+    gen = torch.Generator().manual_seed(0)
+    hidden = torch.randn(64, 32, generator=gen, requires_grad=True)
+    table = torch.randn(1000, 32, generator=gen, requires_grad=True)
+    targets = torch.randint(0, 1000, (64,), generator=gen)
+
+    def loss(h, w, t):  # type: ignore[no-untyped-def]
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = h @ w.T
+        return ce.upcast_cross_entropy(logits, t)
+
+    kept = _saved_for_backward(loss, hidden, table, targets)
+    big = [t for t in kept if t.numel() >= 64 * 1000]
+    assert [t.dtype for t in big] == [torch.bfloat16]  # the logits, as the product made them
+
+
+def test_a_bf16_programs_loss_reaches_aotautograds_cache(compile_quietly) -> None:
+    from pathlib import Path
+
+    from torch._dynamo.utils import counters
+
+    from sexpgpu.catalog import Catalog
+    from sexpgpu.session import Selection, Target, lower
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "gpt2-small.sx"
+    sets = {"dim": "32", "layers": "1", "heads": "2", "context": "16", "batch": "2"}
+    catalog = Catalog.load()
+    program = Selection(str(example), sets=sets).compile(catalog)
+    assert program.run.precision == "bf16"
+    choices = Target(device="cpu", lowering="compiled").choices(program, None)
+    trainer = lower(program, catalog, device="cpu", choices=choices).trainer
+    counters.clear()
+    trainer.warm_up()
+    assert counters["aot_autograd"]["autograd_cache_bypass"] == 0
+    assert (
+        counters["aot_autograd"]["autograd_cache_hit"]
+        + counters["aot_autograd"]["autograd_cache_miss"]
+        >= 1
+    )

@@ -204,7 +204,7 @@ def _close_per_tensor(ours: dict, theirs: dict) -> None:
         np.testing.assert_allclose(ours[key], value, rtol=0, atol=1e-4 * scale + 1e-10, err_msg=key)
 
 
-def test_guarded_and_unguarded_fused_runs_hold_the_same_bits() -> None:
+def test_guarded_and_unguarded_fused_runs_hold_the_same_bits(compile_quietly) -> None:
     unguarded, guarded = _train("fused", guarded=False), _train("fused", guarded=True)
     assert unguarded.keys() == guarded.keys()
     assert all(unguarded[k].tobytes() == guarded[k].tobytes() for k in unguarded)
@@ -215,7 +215,7 @@ def test_guarded_and_unguarded_fused_runs_hold_the_same_bits() -> None:
     _close_per_tensor(unguarded, _train("compiled", guarded=False))
 
 
-def test_gpt2_smalls_fused_step_agrees_with_the_graphs() -> None:
+def test_gpt2_smalls_fused_step_agrees_with_the_graphs(compile_quietly) -> None:
     # its tied head and its vocabulary at a toy width; one step from the same parameters
     # and gradients (bf16 compute: later steps' gradients would differ by more than the
     # updates' rounding). The table's gradient comes contiguous here (the lookup's adds
