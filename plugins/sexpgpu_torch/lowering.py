@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import torch
 
 from sexpgpu.choices import Choices, cannot_take
-from sexpgpu.errors import PluginError
+from sexpgpu.errors import PluginError, UsageError
 from sexpgpu.extension import KernelInfo, Supplies
 from sexpgpu.kernels import choose_kernels, device_kind
 from sexpgpu.lang.ir import Program
@@ -52,8 +52,9 @@ class EagerLowering:
         if kind == "cuda" and not torch.cuda.is_available():
             raise PluginError(f"--device {device}: torch sees no CUDA device here")
         if choices.is_request(UPDATE):  # a pinned one is a compiled run's, evaluated eagerly
-            raise cannot_take(
-                UPDATE, choices.pin(UPDATE) or "", "the eager lowering updates with its own ops"
+            raise UsageError(
+                f"{choices.words(UPDATE)}: the eager lowering updates with its own ops; "
+                "the choice is the compiled lowering's (--lowering compiled)"
             )
         take_eager_determinism(program, device)
         here = runnable(supplies.kernels, program, device)

@@ -3,9 +3,10 @@ without an f32 copy of the logits (sexpgpu_torch.cross_entropy), checked against
 ``F.cross_entropy`` of the upcast logits: values and gradients, masked targets,
 eagerly and under torch.compile. The compiled lowering's is the upcast one, which
 inductor fuses: checked that AOTAutograd's partition (with inductor's
-decompositions) keeps no f32 tensor of the logits' size for the backward, and that
-a bf16 program's graphs reach AOTAutograd's cache (a custom autograd function made
-it pass them by, tracing them again at every start)."""
+decompositions) keeps no f32 tensor of the logits' size for the backward; that a
+bf16 program's loss reaches AOTAutograd's cache (a custom autograd function made it
+pass the graph by, tracing it again at every start) is checked where the suite
+compiles one in process, tests/torch/test_fused_update.py."""
 
 from __future__ import annotations
 
@@ -145,28 +146,3 @@ def test_the_compiled_upcast_keeps_no_f32_copy_of_the_logits() -> None:
     kept = _saved_for_backward(loss, hidden, table, targets)
     big = [t for t in kept if t.numel() >= 64 * 1000]
     assert [t.dtype for t in big] == [torch.bfloat16]  # the logits, as the product made them
-
-
-def test_a_bf16_programs_loss_reaches_aotautograds_cache(compile_quietly) -> None:
-    from pathlib import Path
-
-    from torch._dynamo.utils import counters
-
-    from sexpgpu.catalog import Catalog
-    from sexpgpu.session import Selection, Target, lower
-
-    example = Path(__file__).resolve().parents[2] / "examples" / "gpt2-small.sx"
-    sets = {"dim": "32", "layers": "1", "heads": "2", "context": "16", "batch": "2"}
-    catalog = Catalog.load()
-    program = Selection(str(example), sets=sets).compile(catalog)
-    assert program.run.precision == "bf16"
-    choices = Target(device="cpu", lowering="compiled").choices(program, None)
-    trainer = lower(program, catalog, device="cpu", choices=choices).trainer
-    counters.clear()
-    trainer.warm_up()
-    assert counters["aot_autograd"]["autograd_cache_bypass"] == 0
-    assert (
-        counters["aot_autograd"]["autograd_cache_hit"]
-        + counters["aot_autograd"]["autograd_cache_miss"]
-        >= 1
-    )
