@@ -488,6 +488,10 @@ def _become(request: dict, fds: list[int]) -> None:
     env = request["env"]
     os.environ.clear()
     os.environ.update(env)
+    # tempfile keeps the first folder it finds: a preloader that imported torch's
+    # compiler found its own TMPDIR, and the child would make its temporary files
+    # there instead of in the test's (a bundle run's scratch folder, for one)
+    tempfile.tempdir = None
     _standard_streams(unbuffered=bool(env.get("PYTHONUNBUFFERED")) or request["unbuffered"])
     if request["new_session"]:
         os.setsid()

@@ -85,6 +85,32 @@ def test_a_run_writes_the_same_checkpoint_bytes_forked_or_fresh(
     assert written["forked"] == written["fresh"]
 
 
+def test_a_forked_child_makes_its_temporary_files_in_its_own_tmpdir(
+    tmp_path, env, torch_compile_cache
+):
+    # a preloader for the compile cache imported torch's compiler, which asked tempfile
+    # for the preloader's folder; a bundle run unpacks into a scratch folder there
+    from sexpgpu_bundle.scratch import PREFIX
+
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    env = {**env, "TORCHINDUCTOR_CACHE_DIR": str(torch_compile_cache), "TMPDIR": str(temporary)}
+    (tmp_path / "long.sx").write_text(tiny_program("long").replace(":steps 4", ":steps 1000000"))
+    made = subprocess.run([*SEXPGPU, "bundle", "long.sx", "-o", "long.sxb"], cwd=tmp_path,
+                          env=env, capture_output=True)  # fmt: skip
+    assert made.returncode == 0, made.stderr[-2000:]
+    proc = forked(["run", "long.sxb", "--metrics-dir", "m"], cwd=tmp_path, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while not any(p.name.startswith(f"{PREFIX}{proc.pid}-") for p in temporary.iterdir()):
+            assert proc.poll() is None, proc.communicate()[1][-2000:]
+            assert time.monotonic() < deadline, "no scratch folder in the run's TMPDIR"
+            time.sleep(0.05)
+    finally:
+        proc.kill()
+        proc.communicate()
+
+
 def test_a_forked_child_is_the_pid_the_test_signals_and_reports_its_death(tmp_path, env):
     long = tiny_program("long", checkpoint_every=1).replace(":steps 4", ":steps 1000000")
     (tmp_path / "long.sx").write_text(long)
