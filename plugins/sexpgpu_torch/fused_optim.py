@@ -43,8 +43,8 @@ def _fresh(tensors: Sequence[Tensor], given: Sequence[Tensor], overwrites: bool)
 
 def _readable(tensors: Sequence[Tensor]) -> list[Tensor]:
     # The fused kernels walk each tensor's memory in order, whatever its strides: on
-    # the CPU a transposed gradient (a tied embedding's, from the logits' product with
-    # the table's transpose) is read in the wrong order, silently.
+    # the CPU a transposed gradient is read in the wrong order, silently (autograd
+    # hands back a gradient in whatever layout its last op made).
     return [t.contiguous() for t in tensors]
 
 
