@@ -35,7 +35,6 @@ update graph; ``compiled`` compiles one).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import statistics
@@ -66,15 +65,14 @@ def _compile(side: str, sets: dict[str, str], update: str | None) -> float:
     from sexpgpu.catalog import Catalog
     from sexpgpu.lang.schedule import lr_at
     from sexpgpu.session import Selection, Target, lower, open_loader
+    from sexpgpu_torch.names import UPDATE
 
     catalog = Catalog.load()
     program = Selection(str(EXAMPLE), sets=sets).compile(catalog)
     if side == "sexpgpu":
         started = time.perf_counter()
-        choices = Target(lowering="compiled").choices(program, None)
-        if update:
-            pinned = {**choices.requested, "optimizer.update": update}
-            choices = dataclasses.replace(choices, requested=pinned)
+        pinned = {UPDATE: update} if update else {}
+        choices = Target(lowering="compiled", requests=pinned).choices(program, None)
         lower(program, catalog, device="cpu", choices=choices).trainer.warm_up()
         return time.perf_counter() - started
     # the hand-written side takes its start values from the eager lowering (no compile)

@@ -16,7 +16,6 @@ the loss on the host every step, as a run's progress line does.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import math
 import os
 import statistics
@@ -46,15 +45,13 @@ def main() -> None:
     from sexpgpu.catalog import Catalog
     from sexpgpu.lang.schedule import lr_at
     from sexpgpu.session import Selection, Target, lower, open_loader
+    from sexpgpu_torch.names import UPDATE
 
     catalog = Catalog.load()
     program = Selection(str(EXAMPLE), sets=sets).compile(catalog)
     started = time.perf_counter()
-    choices = Target(lowering="compiled").choices(program, None)
-    if args.update:
-        choices = dataclasses.replace(
-            choices, requested={**choices.requested, "optimizer.update": args.update}
-        )
+    pinned = {UPDATE: args.update} if args.update else {}
+    choices = Target(lowering="compiled", requests=pinned).choices(program, None)
     trainer = lower(program, catalog, device="cpu", choices=choices).trainer
     trainer.warm_up()  # as a run does: every graph compiled before the first step
     ours_compile = time.perf_counter() - started
@@ -92,7 +89,7 @@ def main() -> None:
         i += args.steps
 
     knobs = " ".join(f"{k}={v}" for k, v in sets.items())
-    update = trainer.choices.get("optimizer.update")
+    update = trainer.choices.get(UPDATE)
     print(
         f"examples/tiny-lm.sx ({knobs}) on cpu, {args.threads} thread(s), attention math, "
         f"update {update}"

@@ -170,14 +170,11 @@ def _summary(values: list[float], scale: float = 1.0) -> dict:
 
 
 def _trainer(program, catalog, device: str, lowering: str, update: str | None = None):
-    import dataclasses
-
     from sexpgpu.session import Target, lower
+    from sexpgpu_torch.names import UPDATE
 
-    choices = Target(device=device, lowering=lowering).choices(program, None)
-    if update:  # pins optimizer.update (a new run's default otherwise)
-        pinned = {**choices.requested, "optimizer.update": update}
-        choices = dataclasses.replace(choices, requested=pinned)
+    pinned = {UPDATE: update} if update else {}  # a new run's default otherwise
+    choices = Target(device=device, lowering=lowering, requests=pinned).choices(program, None)
     trainer = lower(program, catalog, device=device, choices=choices).trainer
     started = time.perf_counter()
     trainer.warm_up()  # as a run does: every graph compiled before the first step

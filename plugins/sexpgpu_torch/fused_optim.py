@@ -48,15 +48,8 @@ def _readable(tensors: Sequence[Tensor]) -> list[Tensor]:
     return [t.contiguous() for t in tensors]
 
 
-def _picked(values: Sequence[Any], flags: Sequence[bool], want: bool) -> list[Any]:
-    return [v for v, f in zip(values, flags, strict=True) if f == want]
-
-
-def _steps(count: int, like: Sequence[Tensor]) -> list[Tensor]:
-    # the kernels read the update count from a tensor on the parameters' device (a
-    # fill there, no transfer); one tensor serves every parameter, it is only read
-    step = torch.full((), float(count), dtype=torch.float32, device=like[0].device)
-    return [step] * len(like)
+def _at(values: Sequence[Any], where: Sequence[int]) -> list[Any]:
+    return [values[i] for i in where]
 
 
 def _sgd(params, grads, states, *, lr, count, options, decay, overwrites):  # noqa: ANN001
@@ -86,19 +79,24 @@ def _adam(decoupled: bool) -> Callable[..., Any]:
         m = _fresh(list(states["m"]), states["m"], overwrites)
         v = _fresh(list(states["v"]), states["v"], overwrites)
         g = _readable(eager.as_f32(grads))
-        steps = _steps(count, new)
+        # the kernels read the update count from a tensor on the parameters' device (a
+        # fill there, no transfer); one serves every parameter, as it is only read
+        step = torch.full((), float(count), dtype=torch.float32, device=new[0].device)
         wd = float(options.get("weight_decay", 0.0))
         # adamw decays only the flagged tensors; adam's L2 decay goes into every gradient
-        groups = [(True, wd), (False, 0.0)] if decoupled else [(None, wd)]
-        for flag, decay_by in groups:
-            flags = decay if flag is not None else [None] * len(new)
-            lists = [_picked(values, flags, flag) for values in (new, g, m, v, steps)]
-            if not lists[0]:
+        every = range(len(new))
+        groups = (
+            [([i for i in every if decay[i]], wd), ([i for i in every if not decay[i]], 0.0)]
+            if decoupled
+            else [(every, wd)]
+        )
+        for where, decay_by in groups:
+            if not where:
                 continue
             kernel(
-                *lists[:4],
+                *(_at(values, where) for values in (new, g, m, v)),
                 [],
-                lists[4],
+                [step] * len(where),
                 lr=eager.f32_scalar(lr),
                 beta1=float(options.get("beta1", 0.9)),
                 beta2=float(options.get("beta2", 0.999)),

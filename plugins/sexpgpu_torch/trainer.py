@@ -398,7 +398,7 @@ class TorchTrainer(Trainer):
                     decay=decay,
                 )
             else:  # a rank owning no parameter (more ranks than parameters) updates nothing
-                new_params, new_states = {}, states
+                new_params, new_states = [], states
             if fresh:  # the first proposal of these states: once, not every step
                 self._held_to_contract(stage, new_states, mine, "propose")
             new_params = placement.share(new_params, trainable)  # every rank's new values

@@ -178,8 +178,8 @@ def _train(update: str, *, guarded: bool, steps: int) -> dict[str, np.ndarray]:
     program = dataclasses.replace(
         program, run=dataclasses.replace(program.run, guard_finite=guarded)
     )
-    choices = Target(device="cpu", lowering="compiled").choices(program, None)
-    choices = dataclasses.replace(choices, requested={**choices.requested, UPDATE: update})
+    choices = Target(device="cpu", lowering="compiled", requests={UPDATE: update})
+    choices = choices.choices(program, None)
     trainer = lower(program, catalog, device="cpu", choices=choices).trainer
     assert trainer.choices[UPDATE] == update
     kind = type(trainer.updates[0][0])
