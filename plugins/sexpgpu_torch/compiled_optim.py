@@ -106,30 +106,19 @@ _COMPILED: dict[type, tuple[Callable[..., Callable[..., Any]], Callable[..., tup
 """Each built-in update: (its graph for given options and decay flags, its host scalars)."""
 
 
-class CompiledUpdate:
-    """An :class:`sexpgpu.extension.OptimizerUpdate` whose ``propose`` is one compiled
-    graph per options and decay flags (one per stage, in practice); ``update`` is the
-    eager update it stands for."""
+class CompiledUpdate(eager.StandIn):
+    """A built-in update as one compiled graph per options and decay flags (one per
+    stage, in practice): :class:`~sexpgpu_torch.optim.StandIn` of the eager update; a
+    plugin's runs its own ``propose``."""
 
     def __init__(self, update: Any, backend: str) -> None:
-        self.update = update
-        self.elementwise = update.elementwise  # slices update alike as the eager one does
+        super().__init__(update, _COMPILED.get(type(update)))
         self.backend = backend
-        self.known = _COMPILED.get(type(update))
         self._graphs: dict[tuple, Callable[..., Any]] = {}
 
-    def init_states(self, params: Sequence[Tensor], options: Mapping[str, Any]) -> dict:
-        """The eager update's fresh states."""
-        return self.update.init_states(params, options)
-
-    def propose(self, params, grads, states, *, lr, count, options, decay):  # noqa: ANN001
-        """New parameters and states through the compiled graph (an unknown update:
-        its own ``propose``)."""
-        if self.known is None:
-            return self.update.propose(
-                params, grads, states, lr=lr, count=count, options=options, decay=decay
-            )
-        graph_of, scalars_of = self.known
+    def propose_by_form(self, params, grads, states, *, lr, count, options, decay):  # noqa: ANN001
+        """New parameters and states through the compiled graph."""
+        graph_of, scalars_of = self.form
         key = (tuple(sorted((k, repr(v)) for k, v in options.items() if k != "lr")), tuple(decay))
         graph = self._graphs.get(key)
         if graph is None:
@@ -137,4 +126,4 @@ class CompiledUpdate:
             graph = CompiledOnce(compiled)
             self._graphs[key] = graph
         lists = {name: list(values) for name, values in states.items()}
-        return graph(list(params), list(grads), lists, *scalars_of(lr, count, options))
+        return graph(params, grads, lists, *scalars_of(lr, count, options))

@@ -21,7 +21,7 @@ runs its own ``propose``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -123,30 +123,20 @@ def fusable(update: Any) -> bool:
     return type(update) in _FUSED
 
 
-class FusedUpdate:
-    """An :class:`sexpgpu.extension.OptimizerUpdate` whose ``propose`` runs torch's fused
-    kernel for a built-in update (an unknown one: its own ``propose``); ``update`` is
-    the eager update it stands for. ``overwrites``: see the module's docstring."""
+class FusedUpdate(eager.StandIn):
+    """A built-in update through torch's fused kernel (:class:`~sexpgpu_torch.optim.StandIn`
+    of the eager update; a plugin's runs its own ``propose``). ``overwrites``: see the
+    module's docstring."""
 
     def __init__(self, update: Any, *, overwrites: bool = False) -> None:
-        self.update = update
-        self.elementwise = update.elementwise  # slices update alike as the eager one does
+        super().__init__(update, _FUSED.get(type(update)))
         self.overwrites = overwrites
-        self.fused = _FUSED.get(type(update))
 
-    def init_states(self, params: Sequence[Tensor], options: Mapping[str, Any]) -> dict:
-        """The eager update's fresh states."""
-        return self.update.init_states(params, options)
-
-    def propose(self, params, grads, states, *, lr, count, options, decay):  # noqa: ANN001
+    def propose_by_form(self, params, grads, states, *, lr, count, options, decay):  # noqa: ANN001
         """New parameters and states through the fused kernel."""
-        if self.fused is None:
-            return self.update.propose(
-                params, grads, states, lr=lr, count=count, options=options, decay=decay
-            )
-        return self.fused(
-            list(params),
-            list(grads),
+        return self.form(
+            params,
+            grads,
             states,
             lr=lr,
             count=count,

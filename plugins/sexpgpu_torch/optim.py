@@ -158,6 +158,38 @@ UPDATES: dict[str, Callable[[], OptimizerUpdate]] = {"sgd": SGD, "adam": Adam, "
 """The built-in updates by optimizer name."""
 
 
+class StandIn:
+    """An :class:`sexpgpu.extension.OptimizerUpdate` standing in for ``update`` (an
+    optimizer's own): its states, its ``elementwise``, and its ``propose`` unless
+    ``form`` (the stand-in's way of computing a built-in update) is given, which
+    :meth:`propose_by_form` then runs. The compiled strategy's updates are these
+    (:mod:`sexpgpu_torch.fused_optim`, :mod:`sexpgpu_torch.compiled_optim`)."""
+
+    def __init__(self, update: Any, form: Any) -> None:
+        self.update = update
+        self.elementwise = update.elementwise  # slices update alike as the eager one does
+        self.form = form
+
+    def init_states(self, params: Sequence[Tensor], options: Mapping[str, Any]) -> dict:
+        """The stood-in update's fresh states."""
+        return self.update.init_states(params, options)
+
+    def propose(self, params, grads, states, *, lr, count, options, decay):  # noqa: ANN001
+        """New parameters and states by :meth:`propose_by_form`, or, with no form (a
+        plugin's update), by the update's own ``propose``."""
+        if self.form is None:
+            return self.update.propose(
+                params, grads, states, lr=lr, count=count, options=options, decay=decay
+            )
+        return self.propose_by_form(
+            list(params), list(grads), states, lr=lr, count=count, options=options, decay=decay
+        )
+
+    def propose_by_form(self, params, grads, states, *, lr, count, options, decay):  # noqa: ANN001
+        """``propose`` through ``form``: the subclass's."""
+        raise NotImplementedError
+
+
 def clip_by_global_norm(
     grads: list[Tensor],
     max_norm: float,
